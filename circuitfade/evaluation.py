@@ -1,0 +1,72 @@
+"""Evaluate a model on a task batch under named gate conditions.
+
+Conditions (the main paper reports "normal" and "zero-gate"; our prototype
+showed the paper's "normal" column is ambiguous, so we name every one):
+
+* ``"normal"`` - gates as they are now (learned sigmoid, or the fixed/scheduled
+  value the trainer set for this step);
+* ``"zero"``   - every prior's gate at 0 (the prior removed);
+* ``"param"``  - every gate at ``sigmoid(logit)``, whatever its mode (for masked
+  modes this is the initial logit, i.e. ``gate_init``);
+* ``"half"``   - every gate at 0.5;
+* ``{"pos": 0.0}`` or any mapping - exactly those gates overridden.
+
+Models without gates (a plain ``HookedTransformer``) support only ``"normal"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Mapping
+
+import torch
+
+from circuitfade.tasks import Batch, Task
+
+CONDITIONS = ("normal", "zero", "param", "half")
+
+
+def has_gates(model) -> bool:
+    return hasattr(model, "gates") and hasattr(getattr(model, "cfg", None), "priors")
+
+
+def gate_condition(model, condition: str | Mapping | None):
+    """Context manager that puts ``model``'s gates into ``condition``."""
+    if condition in (None, "normal"):
+        return contextlib.nullcontext(model)
+    if not has_gates(model):
+        raise ValueError(f"model {type(model).__name__} has no gates; only condition 'normal' applies")
+    if isinstance(condition, Mapping):
+        return model.gates(**condition)
+    if condition == "zero":
+        return model.gates(**{p: 0.0 for p in model.cfg.priors})
+    if condition == "half":
+        return model.gates(**{p: 0.5 for p in model.cfg.priors})
+    if condition == "param":
+        return model.gates(**model.gate_values("parameter"))
+    raise ValueError(f"unknown gate condition {condition!r}; expected one of {CONDITIONS} or a mapping")
+
+
+@torch.no_grad()
+def evaluate_batch(model, task: Task, batch: Batch, condition: str | Mapping | None = "normal") -> dict:
+    """``{"loss": float, "accuracy": float}`` of ``model`` on ``batch`` under ``condition``."""
+    was_training = model.training
+    model.eval()
+    try:
+        with gate_condition(model, condition):
+            logits = model(batch.tokens)
+        return {"loss": float(task.loss(logits, batch)), "accuracy": float(task.accuracy(logits, batch))}
+    finally:
+        model.train(was_training)
+
+
+def evaluate_conditions(model, task: Task, batch: Batch, conditions=CONDITIONS) -> dict[str, float]:
+    """Flat dict ``{f"{metric}_{condition}": value}`` over several conditions."""
+    out = {}
+    for c in conditions:
+        if c != "normal" and not has_gates(model):
+            continue
+        r = evaluate_batch(model, task, batch, c)
+        out[f"acc_{c}"] = r["accuracy"]
+        out[f"loss_{c}"] = r["loss"]
+    return out

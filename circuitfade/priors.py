@@ -1,0 +1,146 @@
+"""Attention priors: additive biases on the attention scores that a gate can fade.
+
+A prior is a small module that, given what an attention layer sees, returns a
+bias ``[batch or 1, head, query_pos, key_pos]``. The attention layer multiplies
+it by the prior's gate ``g[head]`` and adds it to ``Q·K/√d_head`` *before* the
+causal mask, so no prior can ever let a query see the future.
+
+Two priors ship with the paper's model (Section 3.1 of the main paper):
+
+* ``pos`` - :class:`RelativePositionBias`, a learned per-head table over the
+  relative distance ``i - j`` (``B^pos_ij = b[h, i - j]``).
+* ``content`` - :class:`BilinearContentBias`, a learned per-head rank-``r``
+  bilinear form of the query and key *token embeddings*
+  (``B^content_ij = (e_i U_h)·(e_j V_h) / √r``).
+
+New priors register with :func:`register_prior`; the model then gives each one
+a gate (learned / fixed / scheduled), a hook ``hook_<name>_bias`` and a hook
+``hook_gate_<name>``, with no change to the model code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+from jaxtyping import Float
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PriorInputs:
+    """What a prior may look at in one attention layer's forward pass.
+
+    ``token_embed`` is the output of ``hook_embed`` (the token embeddings, shared by
+    all layers); ``resid`` is the normalised layer input that feeds Q and K;
+    ``scores`` are the raw ``Q·K/√d_head`` scores (only priors that declare
+    ``needs_scores = True`` get them; otherwise ``None``).
+    """
+
+    token_embed: Float[Tensor, "batch pos d_model"]
+    resid: Float[Tensor, "batch pos d_model"]
+    scores: Float[Tensor, "batch head query_pos key_pos"] | None = None
+
+
+class AttentionPrior(nn.Module):
+    """Base class: ``forward(inputs) -> Float[Tensor, "batch_or_1 head query_pos key_pos"]``.
+
+    Subclasses set ``name`` (used for hook and gate names) and may set
+    ``needs_scores``. The returned bias is *before* gating; values above the
+    diagonal (``key_pos > query_pos``) are ignored because the causal mask is
+    applied after the prior is added.
+    """
+
+    name: str = "prior"
+    needs_scores: bool = False
+
+    def __init__(self, cfg, layer: int):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.n_ctx = cfg.n_ctx
+        self.layer = layer
+
+    def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
+        raise NotImplementedError
+
+
+def relative_distance(n_ctx: int, device=None) -> torch.Tensor:
+    """``[n_ctx, n_ctx]`` long tensor with entry ``[i, j] = max(i - j, 0)``.
+
+    Entries above the diagonal are clamped to 0: they are masked anyway, and a
+    valid index keeps the gather simple.
+    """
+    pos = torch.arange(n_ctx, device=device)
+    return (pos[:, None] - pos[None, :]).clamp(min=0)
+
+
+class RelativePositionBias(AttentionPrior):
+    """Learned per-head bias over relative position: ``B^pos[h, i, j] = b[h, i - j]``.
+
+    ``b`` has one entry per head and distance ``0 .. n_ctx - 1`` and starts at zero,
+    so the prior begins neutral and learns whatever locality helps.
+    """
+
+    name = "pos"
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.pos_bias = nn.Parameter(torch.zeros(cfg.n_heads, cfg.n_ctx, dtype=cfg.dtype))
+        self.register_buffer("rel_index", relative_distance(cfg.n_ctx), persistent=False)
+
+    def forward(self, inputs: PriorInputs) -> Float[Tensor, "1 head query_pos key_pos"]:
+        n = inputs.token_embed.shape[1]
+        return self.pos_bias[:, self.rel_index[:n, :n]].unsqueeze(0)
+
+
+class BilinearContentBias(AttentionPrior):
+    """Per-head low-rank bilinear content bias on the token embeddings.
+
+    ``B^content[b, h, i, j] = (e_i W_cq[h]) · (e_j W_ck[h]) / √r`` where ``e_i`` is
+    the token embedding at position ``i`` (``hook_embed``), ``W_cq, W_ck`` are
+    ``[head, d_model, r]`` and ``r = cfg.content_rank`` (4 by default). It sees
+    tokens, not positions, so on a NoPE backbone it carries no position signal.
+    """
+
+    name = "content"
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        r = cfg.content_rank
+        self.scale = 1.0 / math.sqrt(r)
+        # Named W_* so HookedTransformer.init_weights gives them its normal init.
+        self.W_cq = nn.Parameter(torch.empty(cfg.n_heads, cfg.d_model, r, dtype=cfg.dtype))
+        self.W_ck = nn.Parameter(torch.empty(cfg.n_heads, cfg.d_model, r, dtype=cfg.dtype))
+        nn.init.normal_(self.W_cq, std=cfg.d_model**-0.5)
+        nn.init.normal_(self.W_ck, std=cfg.d_model**-0.5)
+
+    def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
+        e = inputs.token_embed
+        cq = torch.einsum("bpd,hdr->bhpr", e, self.W_cq)  # [batch, head, pos, r]
+        ck = torch.einsum("bpd,hdr->bhpr", e, self.W_ck)  # [batch, head, pos, r]
+        return (cq @ ck.transpose(-1, -2)) * self.scale  # [batch, head, query_pos, key_pos]
+
+
+PriorFactory = Callable[..., AttentionPrior]
+PRIORS: dict[str, PriorFactory] = {
+    "pos": RelativePositionBias,
+    "content": BilinearContentBias,
+}
+
+
+def register_prior(name: str, factory: PriorFactory) -> None:
+    """Make ``factory(cfg, layer)`` available as prior ``name`` in ``SoftPriorConfig.priors``."""
+    if not name.isidentifier():
+        raise ValueError(f"prior name must be a Python identifier (it names hooks), got {name!r}")
+    PRIORS[name] = factory
+
+
+def build_prior(name: str, cfg, layer: int) -> AttentionPrior:
+    if name not in PRIORS:
+        raise ValueError(f"unknown prior {name!r}; known priors: {sorted(PRIORS)}")
+    prior = PRIORS[name](cfg, layer)
+    prior.name = name
+    return prior

@@ -1,0 +1,421 @@
+"""A small, readable trainer that follows gate schedules and writes a checkpoint series.
+
+A run is a pure function of its :class:`RunConfig`. :func:`train` writes a run
+directory a user can read without circuitfade::
+
+    RUN/
+      config.json                        everything needed to rebuild the run
+      metrics.csv                        step, gates, train loss, eval under each gate condition
+      checkpoints/step_000300.safetensors            model weights
+      checkpoints/step_000300.state.safetensors      optimizer + RNG state (to resume)
+      done.json                          written last, when the run has finished
+
+Every file is written atomically. A run killed at any point resumes from its
+last complete checkpoint and ends bit-identical to an uninterrupted run, because
+all randomness (initialisation, batches, prior dropout) comes from generators
+whose state is checkpointed. :func:`branch` starts a new run from another run's
+checkpoint (weights *and* optimizer state), which post hoc continuation and
+hard switches use.
+
+The loop (see :func:`fit`): set the gates for step ``t`` from the path, sample a
+batch, one AdamW step with clipping; evaluate on a fixed eval set every
+``eval_every`` steps; checkpoint at the precomputed steps.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load as st_load
+from tqdm.auto import tqdm
+
+from circuitfade import __version__
+from circuitfade.evaluation import evaluate_conditions
+from circuitfade.io import CheckpointError, atomic_write, read_json, save_tensors, write_json
+from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
+from circuitfade.schedules import GatePath, parse_path
+from circuitfade.tasks import Batch, Task, eval_set, make_task
+
+__all__ = ["TrainConfig", "RunConfig", "train", "branch", "fit", "Run", "load_checkpoint", "checkpoint_steps"]
+
+CKPT_DIR = "checkpoints"
+EVAL_SEED = 1_000_003  # one eval set for every run of a task config, whatever the seed
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and bookkeeping (main paper, Section 4: AdamW 1e-3, wd 0.01, clip 1.0, batch 64)."""
+
+    steps: int = 3600  # global step at which the run ends (branches continue their parent's count)
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_size: int = 512
+    checkpoint_every: int = 300  # every 300 steps, as the paper's mechanism traces
+    extra_checkpoints: tuple = ()
+    prior_dropout: float = 0.0  # probability a training batch runs with every gate at 0
+    dual_loss: bool = False  # loss at active gates + loss at zero gates, each step
+    eval_conditions: tuple = ("normal", "zero", "param", "half")
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "eval_every", "eval_size", "checkpoint_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < (0 if name == "steps" else 1):
+                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        if not 0.0 <= self.prior_dropout < 1.0:
+            raise ValueError(f"prior_dropout must be in [0, 1), got {self.prior_dropout}")
+        object.__setattr__(self, "extra_checkpoints", tuple(int(s) for s in self.extra_checkpoints))
+        object.__setattr__(self, "eval_conditions", tuple(self.eval_conditions))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run: model, task, gate path, optimisation, seed, parent."""
+
+    path: str = "fade600->0"
+    task: Mapping = field(default_factory=lambda: {"name": "assoc"})
+    model: Mapping = field(default_factory=dict)  # SoftPriorConfig overrides (JSON form)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seed: int = 0
+    parent: Mapping | None = None  # {"run": dir, "step": int} for branches
+
+    def __post_init__(self):
+        object.__setattr__(self, "task", dict(self.task))
+        object.__setattr__(self, "model", dict(self.model))
+        if isinstance(self.train, Mapping):
+            object.__setattr__(self, "train", TrainConfig(**self.train))
+        if "name" not in self.task:
+            raise ValueError("RunConfig.task needs a 'name' (e.g. {'name': 'assoc'})")
+        self.gate_path()  # validates the spec
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    def gate_path(self) -> GatePath:
+        return parse_path(self.path, total_steps=self.train.steps)
+
+    def make_task(self) -> Task:
+        kw = {k: v for k, v in self.task.items() if k != "name"}
+        return make_task(self.task["name"], **kw)
+
+    def model_config(self) -> SoftPriorConfig:
+        """Model config with gate modes taken from the path (unless given explicitly)."""
+        d = dict(self.model)
+        path = self.gate_path()
+        priors = tuple(d.get("priors", SoftPriorConfig().priors))
+        if "gate_modes" not in d:
+            d["gate_modes"] = {p: path.mode for p in priors}
+        if path.mode == "fixed" and "gate_init" not in d:
+            d["gate_init"] = 0.5  # logits start at logit(0.5); fixed buffers are set from the path
+        return SoftPriorConfig.from_json_dict(d, source="RunConfig.model")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["train"] = asdict(self.train)
+        return {"circuitfade_version": __version__, **d}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RunConfig":
+        d = {k: v for k, v in d.items() if k != "circuitfade_version"}
+        known = {"path", "task", "model", "train", "seed", "parent"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown run config fields {unknown}")
+        return cls(**d)
+
+    def same_run(self, other: "RunConfig") -> bool:
+        return json.dumps(self.to_dict(), sort_keys=True) == json.dumps(other.to_dict(), sort_keys=True)
+
+
+def checkpoint_steps(cfg: TrainConfig, start: int = 0) -> list[int]:
+    """Steps at which checkpoints are written: ``start``, every ``checkpoint_every``, extras, the end."""
+    steps = set(range(start, cfg.steps + 1, cfg.checkpoint_every)) | {start, cfg.steps}
+    steps |= {s for s in cfg.extra_checkpoints if start <= s <= cfg.steps}
+    return sorted(steps)
+
+
+# --------------------------------------------------------------------------------------
+# checkpoint state (optimizer + RNG) as safetensors: no pickle anywhere
+# --------------------------------------------------------------------------------------
+def _optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    sd = opt.state_dict()
+    tensors = {}
+    for idx, state in sd["state"].items():
+        for key, val in state.items():
+            tensors[f"optim.{idx}.{key}"] = torch.as_tensor(val)
+    groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, {"param_groups": json.dumps(groups)}
+
+
+def _optimizer_from_tensors(opt: torch.optim.Optimizer, tensors: Mapping, meta: Mapping) -> None:
+    state: dict[int, dict] = {}
+    for name, t in tensors.items():
+        if not name.startswith("optim."):
+            continue
+        _, idx, key = name.split(".", 2)
+        state.setdefault(int(idx), {})[key] = t
+    groups = json.loads(meta["param_groups"])
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+@dataclass
+class Run:
+    """Live training state: model, optimizer, generators, the step reached, metrics."""
+
+    config: RunConfig
+    model: SoftPriorTransformer
+    optimizer: torch.optim.Optimizer
+    data_gen: torch.Generator
+    dropout_gen: torch.Generator
+    step: int = 0
+    metrics: list[dict] = field(default_factory=list)
+
+
+def _make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
+    # every parameter is registered (masked gate logits simply never get a gradient),
+    # so optimizer state lines up across gate modes and branches can copy it
+    return torch.optim.AdamW(list(model.parameters()), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def new_run(cfg: RunConfig) -> Run:
+    """Fresh model/optimizer/generators for ``cfg`` (seeded, deterministic)."""
+    torch.manual_seed(cfg.seed)
+    model = SoftPriorTransformer(cfg.model_config())
+    opt = _make_optimizer(model, cfg.train)
+    data_gen = torch.Generator().manual_seed(cfg.seed)
+    dropout_gen = torch.Generator().manual_seed(cfg.seed + 7919)
+    return Run(cfg, model, opt, data_gen, dropout_gen)
+
+
+def save_checkpoint(run: Run, run_dir: Path) -> Path:
+    """Write ``step_XXXXXX.state.safetensors`` then ``step_XXXXXX.safetensors`` (each atomic)."""
+    ck = Path(run_dir) / CKPT_DIR
+    stem = f"step_{run.step:06d}"
+    tensors, meta = _optimizer_to_tensors(run.optimizer)
+    tensors["rng.data"] = run.data_gen.get_state()
+    tensors["rng.dropout"] = run.dropout_gen.get_state()
+    meta.update(step=str(run.step), metrics=json.dumps(run.metrics), format="circuitfade-state")
+    save_tensors(ck / f"{stem}.state.safetensors", tensors, metadata=meta)
+    save_tensors(ck / f"{stem}.safetensors", run.model.state_dict(), metadata={"step": str(run.step)})
+    return ck / f"{stem}.safetensors"
+
+
+def complete_checkpoints(run_dir: Path) -> list[int]:
+    """Steps whose weights and state files both exist."""
+    ck = Path(run_dir) / CKPT_DIR
+    if not ck.is_dir():
+        return []
+    steps = []
+    for f in ck.glob("step_*.safetensors"):
+        if f.name.endswith(".state.safetensors"):
+            continue
+        stem = f.name[: -len(".safetensors")]
+        try:
+            s = int(stem.split("_", 1)[1])
+        except ValueError:
+            continue
+        if (ck / f"{stem}.state.safetensors").is_file():
+            steps.append(s)
+    return sorted(steps)
+
+
+def load_checkpoint(run: Run, run_dir: Path, step: int) -> Run:
+    """Restore model, optimizer, generators and metrics of ``run`` from ``step``."""
+    ck = Path(run_dir) / CKPT_DIR
+    run.model.load_weights(ck / f"step_{step:06d}.safetensors")
+    state_file = ck / f"step_{step:06d}.state.safetensors"
+    raw = state_file.read_bytes() if state_file.is_file() else None
+    if raw is None:
+        raise CheckpointError(f"{state_file}: missing optimizer/RNG state")
+    try:
+        tensors = st_load(raw)
+        from safetensors import safe_open
+
+        with safe_open(str(state_file), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as e:
+        raise CheckpointError(f"{state_file}: unreadable state file: {e}") from None
+    if meta.get("format") != "circuitfade-state":
+        raise CheckpointError(f"{state_file}: not a circuitfade state file")
+    _optimizer_from_tensors(run.optimizer, tensors, meta)
+    run.data_gen.set_state(tensors["rng.data"])
+    run.dropout_gen.set_state(tensors["rng.dropout"])
+    run.step = int(meta["step"])
+    run.metrics = json.loads(meta["metrics"])
+    return run
+
+
+def _write_metrics(run_dir: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write(Path(run_dir) / "metrics.csv", buf.getvalue().encode())
+
+
+def _set_gates_for_step(model: SoftPriorTransformer, path: GatePath, step: int) -> None:
+    if path.mode != "learned":
+        v = path.value_at(step)
+        model.set_gate_values(**{p: v for p in model.cfg.priors})
+
+
+def _gate_summary(model: SoftPriorTransformer) -> dict:
+    return {f"gate_{p}": float(g.mean()) for p, g in model.gate_values("effective").items()}
+
+
+def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progress: bool = True) -> Run:
+    """The training loop, from ``run.step`` to ``run.config.train.steps``."""
+    cfg, tc, model = run.config, run.config.train, run.model
+    path = cfg.gate_path()
+    ckpts = set(checkpoint_steps(tc, start=int((cfg.parent or {}).get("step", 0))))
+    priors = model.cfg.priors
+
+    def record(loss_value: float) -> None:
+        _set_gates_for_step(model, path, run.step)
+        row = {"step": run.step, **_gate_summary(model), "train_loss": loss_value}
+        row.update(evaluate_conditions(model, task, eval_batch, tc.eval_conditions))
+        run.metrics.append(row)
+        if run_dir is not None:
+            _write_metrics(run_dir, run.metrics)
+
+    def checkpoint() -> None:
+        if run_dir is not None and run.step in ckpts:
+            save_checkpoint(run, run_dir)
+
+    if not run.metrics or run.metrics[-1]["step"] < run.step:
+        if run.step % tc.eval_every == 0 or run.step == tc.steps:
+            record(float("nan"))
+    checkpoint()
+    bar = tqdm(total=tc.steps, initial=run.step, disable=not progress, desc=f"{cfg.path} s{cfg.seed}", leave=False)
+    model.train()
+    while run.step < tc.steps:
+        _set_gates_for_step(model, path, run.step)
+        batch = task.sample(tc.batch_size, run.data_gen)
+        drop = tc.prior_dropout > 0 and torch.rand((), generator=run.dropout_gen).item() < tc.prior_dropout
+        mask = batch.answer_mask
+        if drop:
+            with model.gates(**{p: 0.0 for p in priors}):
+                loss = F.cross_entropy(model(batch.tokens)[mask], batch.targets[mask])
+        else:
+            loss = F.cross_entropy(model(batch.tokens)[mask], batch.targets[mask])
+        if tc.dual_loss:
+            with model.gates(**{p: 0.0 for p in priors}):
+                loss = loss + F.cross_entropy(model(batch.tokens)[mask], batch.targets[mask])
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        run.optimizer.step()
+        run.step += 1
+        bar.update(1)
+        if run.step % tc.eval_every == 0 or run.step == tc.steps:
+            record(float(loss.detach()))
+            last = run.metrics[-1]
+            bar.set_postfix(loss=f"{last['train_loss']:.3f}", acc=f"{last.get('acc_normal', math.nan):.3f}",
+                            acc0=f"{last.get('acc_zero', math.nan):.3f}")
+        checkpoint()
+    bar.close()
+    return run
+
+
+def _prepare_dir(cfg: RunConfig, run_dir: Path) -> str:
+    """'new', 'resume' or 'done'; refuses a directory holding a different run."""
+    run_dir = Path(run_dir)
+    cfg_file = run_dir / "config.json"
+    if cfg_file.is_file():
+        try:
+            existing = RunConfig.from_dict(read_json(cfg_file))
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{cfg_file}: not a circuitfade run config ({e})") from None
+        if not existing.same_run(cfg):
+            raise ValueError(f"{run_dir} already holds a different run; choose another --out or delete it")
+        return "done" if (run_dir / "done.json").is_file() else "resume"
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ValueError(f"{run_dir} exists, is not empty and has no config.json; refusing to write into it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(cfg_file, cfg.to_dict())
+    return "new"
+
+
+def _finish(run: Run, run_dir: Path) -> None:
+    final = run.metrics[-1] if run.metrics else {}
+    write_json(Path(run_dir) / "done.json", {"step": run.step, "final": final})
+
+
+def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True) -> Run:
+    """Train ``cfg`` into ``run_dir`` (resuming or returning a finished run as needed).
+
+    With ``run_dir=None`` nothing is written (handy in notebooks and tests).
+    """
+    task = cfg.make_task()
+    ev = eval_set(task, n=cfg.train.eval_size, seed=EVAL_SEED)
+    if run_dir is None:
+        if cfg.parent:
+            raise ValueError("a branch needs a run directory to read its parent from")
+        return fit(new_run(cfg), None, task, ev, progress=progress)
+    run_dir = Path(run_dir)
+    state = _prepare_dir(cfg, run_dir)
+    run = new_run(cfg)
+    done = complete_checkpoints(run_dir)
+    if done:
+        load_checkpoint(run, run_dir, done[-1])
+        if state == "done" and run.step == cfg.train.steps:
+            return run
+    elif cfg.parent:
+        _start_from_parent(run, cfg.parent)
+    fit(run, run_dir, task, ev, progress=progress)
+    _finish(run, run_dir)
+    return run
+
+
+def _start_from_parent(run: Run, parent: Mapping) -> None:
+    pdir, pstep = Path(parent["run"]), int(parent["step"])
+    if pstep not in complete_checkpoints(pdir):
+        raise CheckpointError(f"{pdir}: no complete checkpoint at step {pstep} to branch from")
+    load_checkpoint(run, pdir, pstep)
+    run.metrics = [m for m in run.metrics if m["step"] <= pstep]
+    for m in run.metrics:
+        m["parent"] = str(pdir)
+
+
+def branch(parent_dir: str | Path, step: int, run_dir: str | Path, *, path: str, steps: int | None = None,
+           progress: bool = True, **train_overrides) -> Run:
+    """Start a new run at ``run_dir`` from ``parent_dir``'s checkpoint at ``step``.
+
+    Model weights, optimizer state and the data generator are copied; the new run
+    follows gate ``path`` (evaluated at the global step) up to global step
+    ``steps`` (default: the parent's ``steps``). Model and task settings are the
+    parent's; gate modes follow the new path.
+    """
+    parent_dir = Path(parent_dir)
+    pcfg = RunConfig.from_dict(read_json(parent_dir / "config.json"))
+    model = {k: v for k, v in pcfg.model.items() if k not in ("gate_modes", "gate_init")}
+    tc = replace(pcfg.train, steps=steps if steps is not None else pcfg.train.steps, **train_overrides)
+    if tc.steps < step:
+        raise ValueError(f"branch ends at step {tc.steps}, before its start step {step}")
+    cfg = RunConfig(path=path, task=pcfg.task, model=model, train=tc, seed=pcfg.seed,
+                    parent={"run": str(parent_dir.resolve()), "step": int(step)})
+    return train(cfg, run_dir, progress=progress)
+
+
+def read_metrics(run_dir: str | Path):
+    """``metrics.csv`` as a pandas DataFrame."""
+    import pandas as pd
+
+    return pd.read_csv(Path(run_dir) / "metrics.csv")
+
+
+def run_steps(run_dir: str | Path) -> list[int]:
+    """Checkpoint steps present (complete) in a run directory."""
+    return complete_checkpoints(Path(run_dir))
