@@ -24,13 +24,14 @@ batch, one AdamW step with clipping; evaluate on a fixed eval set every
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +42,10 @@ from circuitfade import __version__
 from circuitfade.evaluation import evaluate_conditions
 from circuitfade.io import CheckpointError, atomic_write, read_json, save_tensors, write_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
-from circuitfade.schedules import GatePath, parse_path
+from circuitfade.schedules import GatePath, parse_path, parse_schedule
 from circuitfade.tasks import Batch, Task, eval_set, make_task
 
-__all__ = ["TrainConfig", "RunConfig", "train", "branch", "fit", "Run", "load_checkpoint", "checkpoint_steps"]
+__all__ = ["TrainConfig", "RunConfig", "train", "branch", "clone_run", "fit", "Run", "load_checkpoint", "checkpoint_steps"]
 
 CKPT_DIR = "checkpoints"
 EVAL_SEED = 1_000_003  # one eval set for every run of a task config, whatever the seed
@@ -88,9 +89,13 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     seed: int = 0
     parent: Mapping | None = None  # {"run": dir, "step": int} for branches
+    mix: Mapping = field(default_factory=dict)  # data-mix schedules: {task sample kwarg: schedule spec}
 
     def __post_init__(self):
         object.__setattr__(self, "task", dict(self.task))
+        object.__setattr__(self, "mix", {k: str(v) for k, v in dict(self.mix).items()})
+        for spec in self.mix.values():
+            parse_schedule(spec, total_steps=self.train.steps if isinstance(self.train, TrainConfig) else 3600)
         object.__setattr__(self, "model", dict(self.model))
         if isinstance(self.train, Mapping):
             object.__setattr__(self, "train", TrainConfig(**self.train))
@@ -102,6 +107,10 @@ class RunConfig:
 
     def gate_path(self) -> GatePath:
         return parse_path(self.path, total_steps=self.train.steps)
+
+    def mix_at(self, step: int) -> dict:
+        """Data-mix parameters for training step ``step`` (passed to ``task.sample``)."""
+        return {k: parse_schedule(v, total_steps=self.train.steps)(step) for k, v in self.mix.items()}
 
     def make_task(self) -> Task:
         kw = {k: v for k, v in self.task.items() if k != "name"}
@@ -126,7 +135,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunConfig":
         d = {k: v for k, v in d.items() if k != "circuitfade_version"}
-        known = {"path", "task", "model", "train", "seed", "parent"}
+        known = {"path", "task", "model", "train", "seed", "parent", "mix"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown run config fields {unknown}")
@@ -275,8 +284,17 @@ def _gate_summary(model: SoftPriorTransformer) -> dict:
     return {f"gate_{p}": float(g.mean()) for p, g in model.gate_values("effective").items()}
 
 
-def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progress: bool = True) -> Run:
-    """The training loop, from ``run.step`` to ``run.config.train.steps``."""
+Sampler = Callable[[int, torch.Generator], Batch]
+
+
+def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progress: bool = True,
+        sampler: Sampler | None = None) -> Run:
+    """The training loop, from ``run.step`` to ``run.config.train.steps``.
+
+    ``sampler(step, generator) -> Batch`` replaces the default
+    ``task.sample(batch_size, generator, **config.mix_at(step))`` (e.g. to replay a
+    fixed multiset of examples in a chosen order).
+    """
     cfg, tc, model = run.config, run.config.train, run.model
     path = cfg.gate_path()
     ckpts = set(checkpoint_steps(tc, start=int((cfg.parent or {}).get("step", 0))))
@@ -284,7 +302,7 @@ def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progre
 
     def record(loss_value: float) -> None:
         _set_gates_for_step(model, path, run.step)
-        row = {"step": run.step, **_gate_summary(model), "train_loss": loss_value}
+        row = {"step": run.step, **_gate_summary(model), **cfg.mix_at(run.step), "train_loss": loss_value}
         row.update(evaluate_conditions(model, task, eval_batch, tc.eval_conditions))
         run.metrics.append(row)
         if run_dir is not None:
@@ -302,7 +320,10 @@ def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progre
     model.train()
     while run.step < tc.steps:
         _set_gates_for_step(model, path, run.step)
-        batch = task.sample(tc.batch_size, run.data_gen)
+        if sampler is not None:
+            batch = sampler(run.step, run.data_gen)
+        else:
+            batch = task.sample(tc.batch_size, run.data_gen, **cfg.mix_at(run.step))
         drop = tc.prior_dropout > 0 and torch.rand((), generator=run.dropout_gen).item() < tc.prior_dropout
         mask = batch.answer_mask
         if drop:
@@ -353,17 +374,20 @@ def _finish(run: Run, run_dir: Path) -> None:
     write_json(Path(run_dir) / "done.json", {"step": run.step, "final": final})
 
 
-def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True) -> Run:
+def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, sampler: Sampler | None = None,
+          run: Run | None = None) -> Run:
     """Train ``cfg`` into ``run_dir`` (resuming or returning a finished run as needed).
 
-    With ``run_dir=None`` nothing is written (handy in notebooks and tests).
+    With ``run_dir=None`` nothing is written (handy in notebooks and tests); an
+    in-memory ``run`` (e.g. a clone made with :func:`clone_run`) can then be continued.
+    ``sampler`` replaces the default batch source (see :func:`fit`).
     """
     task = cfg.make_task()
     ev = eval_set(task, n=cfg.train.eval_size, seed=EVAL_SEED)
     if run_dir is None:
         if cfg.parent:
             raise ValueError("a branch needs a run directory to read its parent from")
-        return fit(new_run(cfg), None, task, ev, progress=progress)
+        return fit(run or new_run(cfg), None, task, ev, progress=progress, sampler=sampler)
     run_dir = Path(run_dir)
     state = _prepare_dir(cfg, run_dir)
     run = new_run(cfg)
@@ -374,9 +398,22 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True) 
             return run
     elif cfg.parent:
         _start_from_parent(run, cfg.parent)
-    fit(run, run_dir, task, ev, progress=progress)
+    fit(run, run_dir, task, ev, progress=progress, sampler=sampler)
     _finish(run, run_dir)
     return run
+
+
+def clone_run(run: Run, cfg: RunConfig | None = None) -> Run:
+    """An in-memory copy of ``run`` (model, optimizer state, generators, step, metrics),
+    optionally under a new config (e.g. another gate path or data mix)."""
+    cfg = cfg or run.config
+    new = new_run(cfg)
+    new.model.load_state_dict(run.model.state_dict())
+    new.optimizer.load_state_dict(copy.deepcopy(run.optimizer.state_dict()))
+    new.data_gen.set_state(run.data_gen.get_state())
+    new.dropout_gen.set_state(run.dropout_gen.get_state())
+    new.step, new.metrics = run.step, copy.deepcopy(run.metrics)
+    return new
 
 
 def _start_from_parent(run: Run, parent: Mapping) -> None:

@@ -1,0 +1,5 @@
+import sys
+
+from circuitfade.cli import main
+
+sys.exit(main())
