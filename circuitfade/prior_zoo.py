@@ -308,7 +308,7 @@ class DAPEBias(AttentionPrior):
         if s is None:
             raise ValueError("DAPE needs the attention scores (PriorInputs.scores); got None")
         base = self.base(inputs)  # [1, head, q, k]
-        feats = torch.cat([s, base.expand_as(s)], dim=1).permute(0, 2, 3, 1)  # [b, q, k, 2*head]
+        feats = torch.cat([s.transpose(-1,-2), base.expand_as(s)], dim=1).permute(0, 2, 3, 1)  # [b, q, k, 2*head]
         correction = self.mlp(feats).permute(0, 3, 1, 2)  # [b, head, q, k]
         return _causal_zero(base + correction)
 

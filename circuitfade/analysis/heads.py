@@ -133,15 +133,16 @@ def successor_value_mass(
     """
     n_layers, n_heads = _check_model(model, "hook_pattern")
     batch = _check_batch(model, batch)
-    mask = batch.answer_mask.float()  # [batch, query_pos]
-    sources = batch.answer_sources.float()  # [batch, query_pos, key_pos]
     n_answers = float(batch.n_answers)
     out = torch.full((n_layers, n_heads), float("nan"))
 
     def make_hook(layer: int):
         def hook(pattern: Float[Tensor, "batch head query_pos key_pos"], hook) -> None:
-            mass = torch.einsum("bhqk,bqk->bhq", pattern.float(), sources)  # [batch, head, query_pos]
-            out[layer] = (torch.einsum("bhq,bq->h", mass, mask) / n_answers).cpu()
+            dtype = torch.promote_types(pattern.dtype, torch.float32)
+            sources = batch.answer_sources.to(dtype)  # [batch, query_pos, key_pos]
+            mask = batch.answer_mask.to(dtype)  # [batch, query_pos]
+            mass = torch.einsum("bhqk,bqk->bhq", pattern.to(dtype), sources)  # [batch, head, query_pos]
+            out[layer] = (torch.einsum("bhq,bq->h", mass, mask) / n_answers).float().cpu()
 
         return hook
 

@@ -1,0 +1,51 @@
+"""Analyses of trained models: pure functions ``f(model, batch_or_task, *, ...)`` returning
+tensors or tidy DataFrames (main paper Sections 6 and 9).
+
+* :mod:`~circuitfade.analysis.gates` - evaluation under gate conditions and the gate
+  intervention table (Section 6, Figure 4);
+* :mod:`~circuitfade.analysis.heads` - per-head successor-value mass and mean-ablation
+  importance, for any TransformerLens ``HookedTransformer`` (Section 9);
+* :mod:`~circuitfade.analysis.timeline` - threshold crossings of traced head metrics
+  over a checkpoint series (Table 3).
+"""
+
+from circuitfade.analysis.gates import (
+    PRIOR_LABELS,
+    NoGatesError,
+    describe_gates,
+    evaluate,
+    gate_intervention_table,
+    intervention_conditions,
+)
+from circuitfade.analysis.heads import (
+    ABLATION_IMPORTANCE,
+    ABLATION_LOSS_INCREASE,
+    SUCCESSOR_MASS,
+    head_diagnostics,
+    head_label,
+    mean_ablation_importance,
+    per_head_frame,
+    successor_value_mass,
+)
+from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, consolidation_timeline, timeline_long, top_heads
+
+__all__ = [
+    "ABLATION_IMPORTANCE",
+    "ABLATION_LOSS_INCREASE",
+    "DEFAULT_THRESHOLDS",
+    "PRIOR_LABELS",
+    "SUCCESSOR_MASS",
+    "NoGatesError",
+    "consolidation_timeline",
+    "describe_gates",
+    "evaluate",
+    "gate_intervention_table",
+    "head_diagnostics",
+    "head_label",
+    "intervention_conditions",
+    "mean_ablation_importance",
+    "per_head_frame",
+    "successor_value_mass",
+    "timeline_long",
+    "top_heads",
+]

@@ -1,0 +1,196 @@
+"""Sweeps: a run is a pure function of its config; a sweep is a list of configs.
+
+:func:`run_sweep` trains every config into ``root/<key>/`` where ``key`` is a
+readable slug plus a hash of the config, so any executor finds finished runs
+and never recomputes them. Executors:
+
+* ``"local"`` (default) - a process pool, one worker per core, one torch thread
+  per worker;
+* ``"ray"`` - Ray tasks (``pip install 'circuitfade[ray]'``), on a local
+  instance or the cluster at ``address``;
+* ``"serial"`` - in this process (debugging).
+
+A failed run is reported with its error and does not stop the others.
+Re-running a sweep after a crash trains only what is missing (and resumes
+half-finished runs from their last checkpoint). Runs that branch from another
+run of the same sweep (``config.parent``) wait for it: the sweep runs in waves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from circuitfade.training import RunConfig
+
+__all__ = ["run_key", "run_dir_for", "child_of", "execute", "run_sweep", "EXECUTORS"]
+
+EXECUTORS = ("local", "ray", "serial")
+
+
+def _canonical(cfg: RunConfig) -> dict:
+    d = cfg.to_dict()
+    d.pop("circuitfade_version", None)
+    if d.get("parent"):
+        d["parent"] = {"run": Path(d["parent"]["run"]).name, "step": d["parent"]["step"]}
+    return d
+
+
+def run_key(cfg: RunConfig) -> str:
+    """Readable, unique directory name: ``<task>-<path>-s<seed>-<hash8>``."""
+    h = hashlib.sha256(json.dumps(_canonical(cfg), sort_keys=True).encode()).hexdigest()[:8]
+    slug = f"{cfg.task['name']}-{cfg.path}".replace("->", "to").replace("@", "at").replace(":", "_")
+    slug = "".join(c if c.isalnum() or c in "._+-" else "_" for c in slug)
+    return f"{slug}-s{cfg.seed}-{h}"
+
+
+def run_dir_for(root: str | Path, cfg: RunConfig) -> Path:
+    return Path(root) / run_key(cfg)
+
+
+def child_of(root: str | Path, parent: RunConfig, step: int, *, path: str, steps: int | None = None) -> RunConfig:
+    """Config of a branch from ``parent`` (trained in the same sweep root) at ``step``."""
+    model = {k: v for k, v in parent.model.items() if k not in ("gate_modes", "gate_init")}
+    tc = replace(parent.train, steps=steps if steps is not None else parent.train.steps)
+    return RunConfig(path=path, task=parent.task, model=model, train=tc, seed=parent.seed, mix=parent.mix,
+                     parent={"run": str(run_dir_for(root, parent).resolve()), "step": int(step)})
+
+
+def execute(config: dict, run_dir: str) -> dict:
+    """Worker: train one run (one torch thread) and report; never raises."""
+    import torch
+
+    from circuitfade.training import train
+
+    torch.set_num_threads(1)
+    t0 = time.time()
+    try:
+        cfg = RunConfig.from_dict(config)
+        already = (Path(run_dir) / "done.json").is_file()
+        run = train(cfg, run_dir, progress=False)
+        final = run.metrics[-1] if run.metrics else {}
+        return {"status": "cached" if already else "done", "error": None, "seconds": time.time() - t0, **final}
+    except Exception as e:  # noqa: BLE001 - reported, not swallowed
+        return {"status": "failed", "error": f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}",
+                "seconds": time.time() - t0}
+
+
+def _waves(items: list[tuple[RunConfig, Path]]) -> list[list[tuple[RunConfig, Path]]]:
+    dirs = {str(d.resolve()) for _, d in items}
+    waves, placed = [], set()
+    remaining = list(items)
+    while remaining:
+        wave = [
+            (c, d) for c, d in remaining
+            if not c.parent or str(Path(c.parent["run"]).resolve()) not in dirs or str(Path(c.parent["run"]).resolve()) in placed
+        ]
+        if not wave:
+            raise ValueError("sweep configs have a cycle of parents")
+        waves.append(wave)
+        placed |= {str(d.resolve()) for _, d in wave}
+        remaining = [x for x in remaining if x not in wave]
+    return waves
+
+
+def run_sweep(
+    configs: Iterable[RunConfig],
+    root: str | Path,
+    *,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Train every config into ``root``; return one row per run (status, error, final metrics).
+
+    Finished runs (``done.json`` present, same config) are not retrained.
+    """
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    items, seen = [], set()
+    for c in configs:
+        d = run_dir_for(root, c)
+        if d not in seen:
+            items.append((c, d))
+            seen.add(d)
+    workers = workers or max(1, os.cpu_count() or 1)
+    results: dict[Path, dict] = {}
+    bar = tqdm(total=len(items), desc="runs", disable=not progress, unit="run")
+    submit = _make_submitter(executor, workers, address)
+    try:
+        for wave in _waves(items):
+            for d, res in submit([(c.to_dict(), str(d)) for c, d in wave]):
+                results[Path(d)] = res
+                bar.update(1)
+                failed = sum(r["status"] == "failed" for r in results.values())
+                bar.set_postfix(failed=failed)
+    finally:
+        bar.close()
+    rows = []
+    for c, d in items:
+        r = results.get(d, {"status": "failed", "error": "not run"})
+        rows.append({"run": d.name, "run_dir": str(d), "path": c.path, "seed": c.seed, "task": c.task["name"], **r})
+    return pd.DataFrame(rows)
+
+
+def _make_submitter(executor: str, workers: int, address: str | None):
+    """A function mapping [(config, dir)] -> iterator of (dir, result) as runs finish."""
+    if executor == "serial":
+        def serial(jobs):
+            for cfg, d in jobs:
+                yield d, execute(cfg, d)
+        return serial
+
+    if executor == "local":
+        def local(jobs):
+            if not jobs:
+                return
+            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+                futs = {pool.submit(execute, cfg, d): d for cfg, d in jobs}
+                pending = set(futs)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        yield futs[f], f.result()
+        return local
+
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError("executor 'ray' needs Ray: pip install 'circuitfade[ray]'") from e
+
+    def ray_submit(jobs):
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            else:
+                ray.init(num_cpus=workers, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+        remote = ray.remote(num_cpus=1)(execute)
+        refs = {remote.remote(cfg, d): d for cfg, d in jobs}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for r in done:
+                yield refs[r], ray.get(r)
+
+    return ray_submit
+
+
+def summarize(results: pd.DataFrame, by: Sequence[str] = ("path",), metrics: Sequence[str] = ("acc_zero", "acc_normal")) -> pd.DataFrame:
+    """Mean ± sd over seeds of final metrics, grouped by ``by`` (failed runs excluded)."""
+    ok = results[results.status != "failed"]
+    agg = ok.groupby(list(by))[list(metrics)].agg(["mean", "std", "count"])
+    return agg

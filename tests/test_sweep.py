@@ -1,0 +1,71 @@
+"""Sweeps: local pool, caching of finished runs, failures reported, Ray == local."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from circuitfade.io import load_tensors
+from circuitfade.sweep import child_of, run_dir_for, run_key, run_sweep
+from circuitfade.training import RunConfig, TrainConfig
+
+TC = TrainConfig(steps=10, eval_every=5, checkpoint_every=5, eval_size=32, batch_size=8)
+
+
+def configs():
+    return [RunConfig(path=p, train=TC, seed=s) for p in ("unforced", "fade2+3->0") for s in (0, 1)]
+
+
+def weights(d):
+    return load_tensors(d / "checkpoints" / "step_000010.safetensors")
+
+
+def test_run_key_is_stable_and_distinct():
+    a, b = configs()[:2]
+    assert run_key(a) == run_key(RunConfig(path="unforced", train=TC, seed=0))
+    assert run_key(a) != run_key(b)
+    assert run_key(a).startswith("assoc-unforced-s0-")
+
+
+@pytest.mark.slow
+def test_local_sweep_caches_and_reports_failures(tmp_path):
+    broken = RunConfig(path="unforced", task={"name": "assoc", "n_pairs": 99}, train=TC, seed=0)
+    res = run_sweep(configs() + [broken], tmp_path, workers=2, progress=False)
+    assert list(res.status) == ["done"] * 4 + ["failed"]
+    assert "n_pairs" in res.error.iloc[-1]
+    mtimes = {d: (run_dir_for(tmp_path, c) / "done.json").stat().st_mtime_ns for d, c in enumerate(configs())}
+    again = run_sweep(configs(), tmp_path, workers=2, progress=False)
+    assert list(again.status) == ["cached"] * 4
+    assert list(again.acc_zero) == list(res.acc_zero.iloc[:4])
+    for i, c in enumerate(configs()):
+        assert (run_dir_for(tmp_path, c) / "done.json").stat().st_mtime_ns == mtimes[i]
+
+
+def test_branch_waits_for_parent_serial(tmp_path):
+    parent = RunConfig(path="unforced", train=TC, seed=0)
+    child = child_of(tmp_path, parent, 10, path="posthoc5", steps=15)
+    res = run_sweep([child, parent], tmp_path, executor="serial", progress=False)
+    assert list(res.status) == ["done", "done"]
+    assert res.loc[res.path == "posthoc5", "step"].item() == 15
+
+
+@pytest.mark.slow
+def test_ray_matches_local_pool_bit_for_bit(tmp_path):
+    pytest.importorskip("ray")
+    import ray
+
+    cfgs = configs()[:2]
+    run_sweep(cfgs, tmp_path / "local", workers=2, progress=False)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        res = run_sweep(cfgs, tmp_path / "ray", executor="ray", progress=False)
+    finally:
+        ray.shutdown()
+    assert list(res.status) == ["done", "done"]
+    for c in cfgs:
+        a, b = weights(run_dir_for(tmp_path / "local", c)), weights(run_dir_for(tmp_path / "ray", c))
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+        ma = (run_dir_for(tmp_path / "local", c) / "metrics.csv").read_text()
+        mb = (run_dir_for(tmp_path / "ray", c) / "metrics.csv").read_text()
+        assert ma == mb
