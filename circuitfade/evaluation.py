@@ -26,6 +26,14 @@ from circuitfade.tasks import Batch, Task
 CONDITIONS = ("normal", "zero", "param", "half")
 
 
+class NoGatesError(ValueError):
+    """The model has no gates, so a gate condition other than "normal" does not apply.
+
+    :func:`circuitfade.store.trace` records metrics raising it as NaN rows with
+    ``note = "no gates"`` instead of failing.
+    """
+
+
 def has_gates(model) -> bool:
     return hasattr(model, "gates") and hasattr(getattr(model, "cfg", None), "priors")
 
@@ -35,7 +43,7 @@ def gate_condition(model, condition: str | Mapping | None):
     if condition in (None, "normal"):
         return contextlib.nullcontext(model)
     if not has_gates(model):
-        raise ValueError(f"model {type(model).__name__} has no gates; only condition 'normal' applies")
+        raise NoGatesError(f"model {type(model).__name__} has no gates; only condition 'normal' applies")
     if isinstance(condition, Mapping):
         return model.gates(**condition)
     if condition == "zero":
@@ -49,13 +57,14 @@ def gate_condition(model, condition: str | Mapping | None):
 
 @torch.no_grad()
 def evaluate_batch(model, task: Task, batch: Batch, condition: str | Mapping | None = "normal") -> dict:
-    """``{"loss": float, "accuracy": float}`` of ``model`` on ``batch`` under ``condition``."""
+    """``task.metrics`` of ``model`` on ``batch`` under ``condition``: ``{"accuracy", "loss"}``
+    for token tasks, ``{"mse", "loss"}`` for regression tasks."""
     was_training = model.training
     model.eval()
     try:
         with gate_condition(model, condition):
-            logits = model(batch.tokens)
-        return {"loss": float(task.loss(logits, batch)), "accuracy": float(task.accuracy(logits, batch))}
+            logits = model(batch.model_input)
+        return task.metrics(logits, batch)
     finally:
         model.train(was_training)
 
@@ -66,7 +75,9 @@ def evaluate_conditions(model, task: Task, batch: Batch, conditions=CONDITIONS) 
     for c in conditions:
         if c != "normal" and not has_gates(model):
             continue
-        r = evaluate_batch(model, task, batch, c)
-        out[f"acc_{c}"] = r["accuracy"]
-        out[f"loss_{c}"] = r["loss"]
+        for k, v in evaluate_batch(model, task, batch, c).items():
+            out[f"{_SHORT.get(k, k)}_{c}"] = v
     return out
+
+
+_SHORT = {"accuracy": "acc"}

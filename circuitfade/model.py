@@ -85,6 +85,11 @@ class SoftPriorConfig(HookedTransformerConfig):
             ``logit(gate_init)`` (clamped to ±9.2 so a learned gate can still move)
             and fixed/scheduled gate buffers start at exactly ``gate_init``.
         content_rank: rank ``r`` of the bilinear content bias.
+        input_mode: ``"tokens"`` (default: integer ids ``[batch, pos]``) or ``"real"``:
+            real-valued inputs ``[batch, pos, d_vocab]`` embedded linearly as
+            ``x @ W_E`` (so ``d_vocab`` is the input dimension); with
+            ``d_vocab_out=1`` the unembedding is a scalar read-out (used for
+            linear-regression ICL). The content prior then sees ``x @ W_E``.
     """
 
     n_layers: int = 2
@@ -99,8 +104,11 @@ class SoftPriorConfig(HookedTransformerConfig):
     gate_modes: dict = field(default_factory=dict)
     gate_init: float = 0.5
     content_rank: int = 4
+    input_mode: str = "tokens"
 
     def __post_init__(self):
+        if self.input_mode not in ("tokens", "real"):
+            raise ValueError(f"input_mode must be 'tokens' or 'real', got {self.input_mode!r}")
         if self.positional_embedding_type not in _SUPPORTED_POS:
             raise ValueError(
                 f"positional_embedding_type must be one of {_SUPPORTED_POS} for SoftPriorTransformer, "
@@ -366,6 +374,21 @@ class SoftPriorTransformer(HookedTransformer):
                 return True
         return False
 
+    def _check_real(self, x) -> Tensor:
+        x = torch.as_tensor(x)
+        if x.dim() == 2:
+            x = x.unsqueeze(0)
+        if x.dim() != 3 or not x.is_floating_point() or x.shape[-1] != self.cfg.d_vocab:
+            raise ValueError(
+                f"input_mode='real' takes float inputs [batch, pos, {self.cfg.d_vocab}]; got {tuple(x.shape)} {x.dtype}"
+            )
+        if x.shape[1] > self.cfg.n_ctx:
+            raise ValueError(f"sequence length {x.shape[1]} exceeds the context n_ctx={self.cfg.n_ctx}")
+        return x.to(device=self.W_E.device, dtype=self.W_E.dtype)
+
+    def _embed(self, x: Tensor) -> Tensor:
+        return x @ self.W_E if self.cfg.input_mode == "real" else self.embed(x)
+
     def _check_tokens(self, tokens) -> Tensor:
         if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and isinstance(tokens[0], str)):
             raise TypeError("SoftPriorTransformer takes token id tensors [batch, pos], not strings")
@@ -404,21 +427,22 @@ class SoftPriorTransformer(HookedTransformer):
             raise TypeError(f"SoftPriorTransformer.forward does not support {sorted(unsupported)}")
         if return_type not in ("logits", "loss", "both", None):
             raise ValueError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
-        tokens = self._check_tokens(input)
+        real = self.cfg.input_mode == "real"
+        tokens = self._check_real(input) if real else self._check_tokens(input)
         n = tokens.shape[1]
         fused = self.use_fused and not self._hooks_attached() and self.cfg.positional_embedding_type != "rotary"
         if fused:
             causal = torch.full((n, n), float("-inf"), device=tokens.device).triu(1)
-            embed = self.embed(tokens)
+            embed = self._embed(tokens)
             resid = embed
             if self.cfg.positional_embedding_type in ("standard", "shortformer"):
                 resid = embed + self.pos_embed.W_pos[:n]
         else:
             causal = None
-            embed = self.hook_embed(self.embed(tokens))  # [batch, pos, d_model]
+            embed = self.hook_embed(self._embed(tokens))  # [batch, pos, d_model]
             resid = embed
             if self.cfg.positional_embedding_type in ("standard", "shortformer"):
-                resid = embed + self.hook_pos_embed(self.pos_embed(tokens))
+                resid = embed + self.hook_pos_embed(self.pos_embed.W_pos[:n].expand(embed.shape[0], -1, -1))
         for block in self.blocks[:stop_at_layer]:
             resid = block(resid, embed, causal)
         if stop_at_layer is not None:
@@ -430,6 +454,8 @@ class SoftPriorTransformer(HookedTransformer):
             return logits
         if return_type is None:
             return None
+        if real:
+            raise ValueError("return_type 'loss'/'both' (next-token loss) needs token inputs; use a task's loss")
         loss = lm_cross_entropy_loss(logits, tokens, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 

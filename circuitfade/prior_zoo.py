@@ -18,6 +18,7 @@ Registry names (registered at the bottom of this module, imported by
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -47,6 +48,18 @@ def _causal_zero(bias: Float[Tensor, "... query_pos key_pos"]) -> Float[Tensor, 
     n = bias.shape[-1]
     keep = torch.ones(n, n, dtype=torch.bool, device=bias.device).tril()
     return torch.where(keep, bias, torch.zeros((), dtype=bias.dtype, device=bias.device))
+
+
+@contextlib.contextmanager
+def _init_rng(cfg, layer: int):
+    """Make a prior's random initialisation a function of ``(cfg.seed, layer)`` when
+    ``cfg.seed`` is set, without consuming the global RNG; otherwise use the global RNG."""
+    if cfg.seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1009 * int(cfg.seed) + layer + 1)
+        yield
 
 
 def _inv_softplus(y: Tensor) -> Tensor:
@@ -140,7 +153,8 @@ class _Kerple(AttentionPrior):
     """Shared parts of the two KERPLE kernels: per-head ``r1 = softplus(raw_r1) > 0``.
 
     Initialisation follows the KERPLE reference code: ``r1 ~ U(0, 2)``,
-    ``r2 ~ U(0, 1)``, both at least ``1e-2``.
+    ``r2 ~ U(0, 1)``, both at least ``1e-2`` (random init of every zoo prior is
+    reproducible from ``cfg.seed`` and the layer when ``cfg.seed`` is set).
     """
 
     def __init__(self, cfg, layer: int):
@@ -148,8 +162,9 @@ class _Kerple(AttentionPrior):
         H = cfg.n_heads
         self.raw_r1 = nn.Parameter(torch.empty(H, dtype=cfg.dtype))
         self.raw_r2 = nn.Parameter(torch.empty(H, dtype=cfg.dtype))
-        r1 = (2 * torch.rand(H, dtype=cfg.dtype)).clamp(min=1e-2)
-        r2 = torch.rand(H, dtype=cfg.dtype).clamp(min=1e-2)
+        with _init_rng(cfg, layer):
+            r1 = (2 * torch.rand(H, dtype=cfg.dtype)).clamp(min=1e-2)
+            r2 = torch.rand(H, dtype=cfg.dtype).clamp(min=1e-2)
         self.set_params(r1, r2)
 
     @property
@@ -227,7 +242,8 @@ class FIREBias(AttentionPrior):
 
     def __init__(self, cfg, layer: int):
         super().__init__(cfg, layer)
-        self.mlp = nn.Sequential(nn.Linear(1, self.mlp_width), nn.ReLU(), nn.Linear(self.mlp_width, cfg.n_heads))
+        with _init_rng(cfg, layer):  # PyTorch's default Linear init, as in the reference code
+            self.mlp = nn.Sequential(nn.Linear(1, self.mlp_width), nn.ReLU(), nn.Linear(self.mlp_width, cfg.n_heads))
         self.mlp.to(cfg.dtype)
         self.c = nn.Parameter(torch.tensor(0.1, dtype=cfg.dtype))
         self.L_mult = nn.Parameter(torch.tensor(1.0, dtype=cfg.dtype))
@@ -300,7 +316,8 @@ class DAPEBias(AttentionPrior):
         super().__init__(cfg, layer)
         self.base = KerpleLogBias(cfg, layer)
         H = cfg.n_heads
-        self.mlp = nn.Sequential(nn.Linear(2 * H, self.mlp_width), nn.LeakyReLU(), nn.Linear(self.mlp_width, H))
+        with _init_rng(cfg, layer + 7919):  # not the stream of the base's KERPLE init
+            self.mlp = nn.Sequential(nn.Linear(2 * H, self.mlp_width), nn.LeakyReLU(), nn.Linear(self.mlp_width, H))
         self.mlp.to(cfg.dtype)
 
     def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
@@ -308,7 +325,7 @@ class DAPEBias(AttentionPrior):
         if s is None:
             raise ValueError("DAPE needs the attention scores (PriorInputs.scores); got None")
         base = self.base(inputs)  # [1, head, q, k]
-        feats = torch.cat([s.transpose(-1,-2), base.expand_as(s)], dim=1).permute(0, 2, 3, 1)  # [b, q, k, 2*head]
+        feats = torch.cat([s, base.expand_as(s)], dim=1).permute(0, 2, 3, 1)  # [b, q, k, 2*head]
         correction = self.mlp(feats).permute(0, 3, 1, 2)  # [b, head, q, k]
         return _causal_zero(base + correction)
 

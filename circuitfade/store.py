@@ -68,12 +68,13 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from safetensors import safe_open
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuitfade.evaluation import NoGatesError
 from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.schedules import GatePath
@@ -93,6 +94,8 @@ __all__ = [
     "WEIGHT_SUFFIXES",
     "trace",
     "TRACE_COLUMNS",
+    "PerHead",
+    "MetricOutput",
 ]
 
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".pt", ".pth", ".bin")
@@ -104,6 +107,12 @@ SUPPORTED_HF_ARCHITECTURES: tuple[str, ...] = ("GPTNeoXForCausalLM", "GPT2LMHead
 TRACE_COLUMNS: tuple[str, ...] = ("step", "layer", "head", "metric", "value", "note")
 """Leading columns of every :func:`trace` DataFrame (metadata columns follow)."""
 
+PerHead = Float[Tensor, "layer head"]
+"""A per-head metric value: shape ``[n_layers, n_heads]``."""
+
+MetricOutput = float | PerHead | Mapping | pd.DataFrame
+"""What a :func:`trace` metric returns (see :func:`trace`)."""
+
 _RUN_KEYS = frozenset({"path", "task", "model", "train", "seed"})
 _HF_WEIGHT_FILES = (
     "model.safetensors",
@@ -114,18 +123,9 @@ _HF_WEIGHT_FILES = (
 _HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
-class NoGates(ValueError):
-    """Raised by a metric that needs gates when given a model without any.
-
-    :func:`trace` records such a metric as one row with ``value = NaN`` and
-    ``note = "no gates"`` instead of failing (see ``skip_errors``).
-    """
-
-    def __init__(self, message: str = "no gates"):
-        super().__init__(message)
-
-
-NoGatesError = NoGates  # alias
+# Raised by a metric that needs gates when given a model without any: trace() records
+# such a metric as one row with value NaN and note "no gates" (see skip_errors).
+NoGates = NoGatesError
 
 
 # --------------------------------------------------------------------------------------
@@ -362,14 +362,14 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
     steps = complete_checkpoints(run_dir)
     if not steps:
         raise CheckpointError(f"{run_dir}: circuitfade run without complete checkpoints in {CKPT_DIR}/")
-    model_cfg = cfg.model_config()
+    model_cfg = dataclasses.replace(cfg.model_config(), device=device or "cpu")
     ck = run_dir / CKPT_DIR
 
     def loader(file: Path) -> Callable[[], nn.Module]:
         def load() -> nn.Module:
             model = SoftPriorTransformer(model_cfg)
             model.load_weights(file)
-            return model.to(device) if device is not None else model
+            return model.to(device or "cpu")
         return load
 
     snaps = [Snapshot(s, loader(ck / f"step_{s:06d}.safetensors"), str(ck / f"step_{s:06d}.safetensors"))
@@ -474,10 +474,21 @@ def _build_config(config, source: str) -> HookedTransformerConfig:
     )
 
 
-def _new_model(cfg: HookedTransformerConfig) -> HookedTransformer:
+def _new_model(cfg: HookedTransformerConfig, device: str = "cpu", *, shapes_only: bool = False) -> HookedTransformer:
+    """An untrained model for ``cfg`` on ``device``; its weights are to be overwritten.
+
+    Plain ``HookedTransformer``s skip the random init (``init_weights=False``), and with
+    ``shapes_only`` are built on the meta device (no memory), for header checks.
+    """
     if isinstance(cfg, SoftPriorConfig):
-        return SoftPriorTransformer(cfg)
-    return HookedTransformer(cfg, move_to_device=False)
+        return SoftPriorTransformer(dataclasses.replace(cfg, device=device))
+    cfg = dataclasses.replace(cfg, init_weights=False, device=device)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
+        if shapes_only:
+            with torch.device("meta"):
+                return HookedTransformer(cfg, move_to_device=False)
+        return HookedTransformer(cfg, move_to_device=False)
 
 
 def _peek_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -511,9 +522,7 @@ class _Shape:  # check_state_dict only reads ``.shape``
 
 def _file_series(files: list[Path], steps: list[int], config, device, metadata, source: str) -> CheckpointSeries:
     cfg = _build_config(config, "config")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
-        expected = _new_model(cfg).state_dict()
+    expected = _new_model(cfg, shapes_only=True).state_dict()
     shapes = {k: _Shape(v.shape) for k, v in expected.items()}
     for f in files:  # eager, header-only validation
         check_state_dict({k: _Shape(s) for k, s in _peek_shapes(f).items()}, shapes, str(f))
@@ -521,10 +530,7 @@ def _file_series(files: list[Path], steps: list[int], config, device, metadata, 
     def loader(file: Path) -> Callable[[], nn.Module]:
         def load() -> nn.Module:
             sd = load_tensors(file)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="HookedTransformer is deprecated",
-                                        category=DeprecationWarning)
-                model = _new_model(cfg)
+            model = _new_model(cfg, device or "cpu")
             check_state_dict(sd, model.state_dict(), str(file))
             model.load_state_dict(sd, strict=True)
             return model.to(device or "cpu")
@@ -837,7 +843,7 @@ def _sibling_config(folder: Path) -> Path:
 # --------------------------------------------------------------------------------------
 # trace
 # --------------------------------------------------------------------------------------
-def _metric_items(metrics) -> list[tuple[str, Callable]]:
+def _metric_items(metrics) -> list[tuple[str, Callable[..., MetricOutput]]]:
     if isinstance(metrics, Mapping):
         items = [(str(k), f) for k, f in metrics.items()]
     elif callable(metrics):
@@ -935,10 +941,10 @@ def _model_device(model: nn.Module) -> torch.device | None:
 
 def trace(
     series: CheckpointSeries,
-    metrics,
+    metrics: Mapping[str, Callable[..., MetricOutput]] | Sequence[Callable[..., MetricOutput]],
     task: Task | None = None,
     *,
-    batch: Batch | Tensor | None = None,
+    batch: Batch | Int[Tensor, "batch pos"] | None = None,
     n: int = 512,
     seed: int = EVAL_SEED,
     progress: bool = True,

@@ -24,6 +24,7 @@ batch, one AdamW step with clipping; evaluate on a fixed eval set every
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import io
@@ -34,7 +35,6 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load as st_load
 from tqdm.auto import tqdm
 
@@ -118,7 +118,8 @@ class RunConfig:
 
     def model_config(self) -> SoftPriorConfig:
         """Model config with gate modes taken from the path (unless given explicitly)."""
-        d = dict(self.model)
+        # a task may need model settings (e.g. linreg: real-valued inputs, scalar read-out)
+        d = {**getattr(self.make_task(), "model_overrides", {}), **self.model}
         path = self.gate_path()
         priors = tuple(d.get("priors", SoftPriorConfig().priors))
         if "gate_modes" not in d:
@@ -325,15 +326,12 @@ def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progre
         else:
             batch = task.sample(tc.batch_size, run.data_gen, **cfg.mix_at(run.step))
         drop = tc.prior_dropout > 0 and torch.rand((), generator=run.dropout_gen).item() < tc.prior_dropout
-        mask = batch.answer_mask
-        if drop:
-            with model.gates(**{p: 0.0 for p in priors}):
-                loss = F.cross_entropy(model(batch.tokens)[mask], batch.targets[mask])
-        else:
-            loss = F.cross_entropy(model(batch.tokens)[mask], batch.targets[mask])
+        x = batch.model_input
+        with model.gates(**{p: 0.0 for p in priors}) if drop else contextlib.nullcontext():
+            loss = task.loss(model(x), batch)
         if tc.dual_loss:
             with model.gates(**{p: 0.0 for p in priors}):
-                loss = loss + F.cross_entropy(model(batch.tokens)[mask], batch.targets[mask])
+                loss = loss + task.loss(model(x), batch)
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
@@ -343,8 +341,9 @@ def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progre
         if run.step % tc.eval_every == 0 or run.step == tc.steps:
             record(float(loss.detach()))
             last = run.metrics[-1]
-            bar.set_postfix(loss=f"{last['train_loss']:.3f}", acc=f"{last.get('acc_normal', math.nan):.3f}",
-                            acc0=f"{last.get('acc_zero', math.nan):.3f}")
+            kind = "acc" if "acc_normal" in last else "mse"
+            bar.set_postfix(loss=f"{last['train_loss']:.3f}", **{kind: f"{last.get(kind + '_normal', math.nan):.3f}",
+                            kind + "0": f"{last.get(kind + '_zero', math.nan):.3f}"})
         checkpoint()
     bar.close()
     return run

@@ -127,7 +127,7 @@ def test_mean_ablation_singles_out_the_copy_head():
 def test_head_diagnostics_is_tidy():
     model, task = copy_circuit(), CopyTask(0)
     batch = eval_set(task, 64, seed=2)
-    df = head_diagnostics(model, task, batch, ablation_gates=None)
+    df = head_diagnostics(model, batch, task, ablation_gates=None)
     assert list(df.columns) == ["layer", "head", "metric", "value"]
     assert set(df["metric"]) == {SUCCESSOR_MASS, ABLATION_IMPORTANCE, ABLATION_LOSS_INCREASE}
     assert len(df) == 3 * 6
@@ -294,10 +294,12 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="answer position"):
         mean_ablation_importance(model, task, empty, gates=None)
     batch = eval_set(task, 8)
-    with pytest.raises(ValueError, match="gates=None"):
+    with pytest.raises(NoGatesError, match="gates=None"):
         mean_ablation_importance(model, task, batch)  # default gates="zero" on a plain model
     with pytest.raises(ValueError, match="gates=None"):
         successor_value_mass(model, batch, gates={"pos": 0.0})
+    with pytest.raises(NoGatesError, match="has no gates"):
+        evaluate(model, task, gates="zero", batch=batch)
     with pytest.raises(ValueError, match="Batch"):
         successor_value_mass(model, batch.tokens)
     with pytest.raises(ValueError, match="unknown gate condition"):

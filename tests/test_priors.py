@@ -299,3 +299,15 @@ def test_rotary_backbone_with_a_prior_fades_to_the_backbone():
     tokens = _tokens()
     with torch.no_grad(), model.gates(kerple_log=0.0):
         torch.testing.assert_close(model(tokens), model.to_hooked_transformer()(tokens), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "fire", "dape"])
+def test_random_prior_init_is_reproducible_from_the_seed(name):
+    a = SoftPriorTransformer(SoftPriorConfig(priors=(name,), seed=3))
+    b = SoftPriorTransformer(SoftPriorConfig(priors=(name,), seed=3))
+    c = SoftPriorTransformer(SoftPriorConfig(priors=(name,), seed=4))
+    pa, pb, pc = (_prior_params(m, name) for m in (a, b, c))
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert any(not torch.equal(pa[k], pc[k]) for k in pa)
+    layer0, layer1 = (a.blocks[i].attn.priors[name] for i in (0, 1))
+    assert any(not torch.equal(x, y) for x, y in zip(layer0.parameters(), layer1.parameters()))

@@ -387,7 +387,7 @@ def test_weight_pr_of_planted_heads(planted):
     table = weight_pr(planted)
     assert list(table.columns) == ["layer", "head", "metric", "value"] and len(table) == 16
     value = lambda layer, head, metric: float(  # noqa: E731
-        table[(table.layer == layer) & (table.head == head) & (table.metric == metric)].value.iloc[0]
+        table[(table["layer"] == layer) & (table["head"] == head) & (table["metric"] == metric)]["value"].iloc[0]
     )
     assert value(0, 0, "ov_pr") == pytest.approx(V)  # token -> PREV copy: V equal singular values
     assert value(0, 0, "qk_pr") == pytest.approx(N - 1)  # position i -> i-1 for i = 1..N-1

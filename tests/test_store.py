@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -337,6 +336,21 @@ def test_hf_gpt2(tmp_path):
     toks = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.allclose(series[2000](toks), hf(toks).logits, atol=1e-4)
+
+
+def test_hf_tokenizer_loaded_from_the_folder(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(60)} | {"<unk>": 60, "<bos>": 61, "<eos>": 62, "<pad>": 63}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<bos>",
+                                                eos_token="<eos>", pad_token="<pad>")
+    _neox(0).save_pretrained(tmp_path / "step1")
+    fast.save_pretrained(tmp_path / "step1")
+    model = load_hf_local(tmp_path / "step1")
+    assert model.tokenizer is not None
+    assert model.to_tokens("w1 w2 w3", prepend_bos=False).tolist() == [[1, 2, 3]]
 
 
 def test_hf_unsupported_architecture(tmp_path):

@@ -314,3 +314,25 @@ def test_make_task_and_registry():
         make_task("markov", p=0)
     with pytest.raises(ValueError, match="already registered"):
         register_task("assoc", lambda **kw: AssocRecall())
+
+
+def test_linreg_targets_are_linear_in_context():
+    import math
+
+    from circuitfade.tasks import LinearRegressionICL, LinRegConfig
+
+    task = LinearRegressionICL(LinRegConfig(n_points=6, d_x=3))
+    b = task.sample(5, torch.Generator().manual_seed(0))
+    assert b.inputs.shape == (5, 13, 4) and b.answer_mask.sum() == 5 * 7
+    xs = b.inputs[:, 0::2, :3]
+    ys_ctx = b.inputs[:, 1::2, 3]
+    # solve for w from the 6 context pairs and predict every target (noise-free => exact)
+    w = torch.linalg.lstsq(xs[:, :6], ys_ctx.unsqueeze(-1)).solution
+    pred = (xs @ w).squeeze(-1)
+    torch.testing.assert_close(pred, b.targets[:, 0::2], atol=1e-4, rtol=1e-4)
+    assert torch.isnan(b.targets[:, 1::2]).all()
+    perfect = torch.zeros(5, 13, 1)
+    perfect[:, 0::2, 0] = b.targets[:, 0::2]
+    assert task.loss(perfect, b) == 0
+    assert abs(task.metrics(torch.zeros(5, 13, 1), b)["mse"] - float((b.targets[:, 0::2] ** 2).mean())) < 1e-6
+    del math

@@ -185,3 +185,13 @@ def test_clone_run_then_one_step_each_is_identical():
         assert torch.equal(p, q), n
     assert not torch.equal(a2.model.W_Q, a.model.W_Q)
     del new_run
+
+
+def test_linreg_trains_with_real_inputs_and_mse_metrics():
+    c = RunConfig(path="fade3+3->0", task={"name": "linreg", "n_points": 4, "d_x": 2},
+                  train=TrainConfig(**{**SMALL, "steps": 10}))
+    run = train(c, None, progress=False)
+    assert run.model.cfg.input_mode == "real" and run.model.cfg.d_vocab_out == 1
+    last = run.metrics[-1]
+    assert {"mse_normal", "mse_zero", "query_mse_normal"} <= set(last) and "acc_normal" not in last
+    assert last["mse_normal"] < run.metrics[0]["mse_normal"]  # it learns something in 10 steps

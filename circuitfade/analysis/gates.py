@@ -21,7 +21,7 @@ from typing import Mapping
 import pandas as pd
 import torch
 
-from circuitfade.evaluation import CONDITIONS, evaluate_batch, has_gates
+from circuitfade.evaluation import CONDITIONS, NoGatesError, evaluate_batch, has_gates
 from circuitfade.tasks import Batch, Task, eval_set
 
 __all__ = [
@@ -37,8 +37,6 @@ PRIOR_LABELS = {"pos": "position", "content": "content"}
 """Human-readable names of the built-in priors, used in condition labels."""
 
 
-class NoGatesError(ValueError):
-    """The model has no gates, so a gate intervention does not apply to it."""
 
 
 def describe_gates(gates: str | Mapping | None) -> str:
@@ -88,14 +86,19 @@ def evaluate(
     cross-entropy over answer positions (:meth:`Task.accuracy`, :meth:`Task.loss`),
     ``condition`` is :func:`describe_gates` of ``gates``.
 
-    Raises ``ValueError`` for an unknown condition or any condition other than
-    ``"normal"`` on a model without gates.
+    Raises ``ValueError`` for an unknown condition, and :class:`NoGatesError` (a
+    ``ValueError``) for any condition other than ``"normal"`` on a model without gates.
     """
     if batch is None:
         batch = eval_set(task, n) if seed is None else eval_set(task, n, seed)
     if not isinstance(batch, Batch):
         raise ValueError(f"batch: expected a circuitfade.tasks.Batch or None, got {type(batch).__name__}")
     condition = describe_gates(gates)  # validates the type early
+    if gates not in (None, "normal") and not has_gates(model):
+        raise NoGatesError(
+            f"model {type(model).__name__} has no gates, so gates={gates!r} does not apply; "
+            "use gates='normal' (or check circuitfade.evaluation.has_gates(model))"
+        )
     device = next(model.parameters()).device
     r = evaluate_batch(model, task, batch.to(device) if batch.device != device else batch, gates)
     return {"accuracy": r["accuracy"], "loss": r["loss"], "condition": condition}

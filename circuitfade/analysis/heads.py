@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitfade.analysis.gates import NoGatesError
 from circuitfade.evaluation import gate_condition, has_gates
 from circuitfade.tasks import Batch, Task
 
@@ -78,9 +79,9 @@ def _check_batch(model, batch: Batch) -> Batch:
 
 
 def _gates_context(model, gates: str | Mapping | None):
-    """``gate_condition(model, gates)``, with a message pointing plain models at ``gates=None``."""
+    """``gate_condition(model, gates)``; :class:`NoGatesError` pointing plain models at ``gates=None``."""
     if gates not in (None, "normal") and not has_gates(model):
-        raise ValueError(
+        raise NoGatesError(
             f"model {type(model).__name__} has no gates, so gates={gates!r} does not apply; "
             "pass gates=None to analyse it as it is"
         )
@@ -180,7 +181,8 @@ def mean_ablation_importance(
 
     ``gates``: the gate condition of both the clean and the ablated forwards;
     ``"zero"`` by default (the paper's zero-gate ablation importance). For a model
-    without gates pass ``gates=None`` (anything else raises ``ValueError``).
+    without gates pass ``gates=None`` (anything else raises :class:`NoGatesError`,
+    a ``ValueError``).
 
     Computation: one clean forward, then per layer one forward on the batch repeated
     once per head (copy ``k`` has head ``k`` of that layer mean-ablated), i.e.
@@ -273,8 +275,8 @@ def per_head_frame(tensor: Float[Tensor, "layer head"], metric: str) -> pd.DataF
 
 def head_diagnostics(
     model,
-    task: Task,
     batch: Batch,
+    task: Task,
     *,
     mass_gates: str | Mapping | None = None,
     ablation_gates: str | Mapping | None = "zero",
@@ -282,11 +284,16 @@ def head_diagnostics(
 ) -> pd.DataFrame:
     """Both Section 9 diagnostics as one tidy frame ``layer, head, metric, value``.
 
+    The argument order ``(model, batch, task)`` is the metric protocol of
+    :func:`circuitfade.store.trace`, so ``trace(series, [head_diagnostics])`` gives a
+    trace that :func:`circuitfade.analysis.timeline.consolidation_timeline` reads
+    directly (the metric names below are kept).
+
     Metrics: :data:`SUCCESSOR_MASS` (:func:`successor_value_mass` under ``mass_gates``,
     default: the gates as they are), :data:`ABLATION_IMPORTANCE` (``acc_drop`` of
     :func:`mean_ablation_importance` under ``ablation_gates``, default ``"zero"``) and
     :data:`ABLATION_LOSS_INCREASE` (its ``loss_increase``). For a model without gates
-    pass ``ablation_gates=None``.
+    pass ``ablation_gates=None`` (otherwise :class:`NoGatesError`).
     """
     mass = per_head_frame(successor_value_mass(model, batch, gates=mass_gates), SUCCESSOR_MASS)
     abl = mean_ablation_importance(model, task, batch, gates=ablation_gates, max_batch=max_batch)

@@ -46,7 +46,7 @@ per-query means, so they do not shrink with the prefix or the first copy.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import pandas as pd
 import torch
@@ -396,7 +396,8 @@ def classify_heads(
         raise ValueError(f"scores frame has several values per ({', '.join(index)}, metric)")
     wide = scores.pivot(index=index, columns="metric", values="value").reset_index()
     wide.columns.name = None
-    wide = wide[index + [m for m in METRICS if m in wide.columns] + [m for m in wide.columns if m not in METRICS + tuple(index)]]
+    metric_columns = [m for m in METRICS if m in wide.columns]
+    wide = wide[index + metric_columns + [c for c in wide.columns if c not in index + metric_columns]]
     for name in SCORES:
         wide[name] = wide[CLASS_METRICS[name]] >= limits[name]
     wide["label"] = [

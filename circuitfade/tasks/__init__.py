@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from .assoc import AssocRecall, AssocRecallConfig
 from .base import IGNORE_INDEX, Batch, Task, eval_set
+from .linreg import LinearRegressionICL, LinRegConfig, RegressionBatch
 from .markov import MarkovInduction, MarkovInductionConfig
 
 TaskFactory = Callable[..., Task]
@@ -69,6 +70,7 @@ def make_task(name: str, **kwargs: Any) -> Task:
 
 register_task("assoc", config_factory(AssocRecall, AssocRecallConfig))
 register_task("markov", config_factory(MarkovInduction, MarkovInductionConfig))
+register_task("linreg", config_factory(LinearRegressionICL, LinRegConfig))
 
 __all__ = [
     "IGNORE_INDEX",
@@ -77,6 +79,9 @@ __all__ = [
     "Batch",
     "MarkovInduction",
     "MarkovInductionConfig",
+    "LinearRegressionICL",
+    "LinRegConfig",
+    "RegressionBatch",
     "Task",
     "TaskFactory",
     "config_factory",

@@ -106,6 +106,11 @@ class Batch:
         return self.tokens.shape[1]
 
     @property
+    def model_input(self) -> Tensor:
+        """What the model consumes (token ids here; real-valued inputs for regression tasks)."""
+        return self.tokens
+
+    @property
     def n_answers(self) -> int:
         """Total number of answer positions in the batch."""
         return int(self.answer_mask.sum())
@@ -251,6 +256,11 @@ class Task(abc.ABC):
         """
         correct = self._correct(logits, batch)
         return correct.sum(dim=1).float() / batch.answer_mask.sum(dim=1).float()
+
+    def metrics(self, logits: Float[Tensor, "batch pos d_vocab_out"], batch: Batch) -> dict[str, float]:
+        """Scalar scores of ``logits`` on ``batch``: ``{"accuracy", "loss"}`` for token tasks
+        (regression tasks return ``{"mse", "loss"}``)."""
+        return {"accuracy": float(self.accuracy(logits, batch)), "loss": float(self.loss(logits, batch))}
 
     def __repr__(self) -> str:
         cfg = getattr(self, "config", None)
