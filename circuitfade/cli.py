@@ -85,6 +85,12 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return 0
 
 
+# Subcommands whose argument parsing lives in their own module: name -> (module, function, help)
+DELEGATED = {
+    "reproduce": ("circuitfade.experiments.reproduce", "main", "run the main paper's experiments, write results.md"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="circuitfade", description="Annealable soft-prior Transformers: train, trace, reproduce.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -107,10 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--steps", type=int, default=3600)
     d.set_defaults(func=cmd_demo)
+    for name, (_, _, helptext) in DELEGATED.items():
+        sub.add_parser(name, help=helptext + f" (see: circuitfade {name} --help)", add_help=False)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        module, func, _ = DELEGATED[argv[0]]
+        try:
+            return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"circuitfade {argv[0]}: error: {e}", file=sys.stderr)
+            return 2
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)

@@ -1,0 +1,443 @@
+"""Plotly figures of finished results: every builder takes DataFrames and returns a ``go.Figure``.
+
+Inputs are the tidy frames the rest of the package produces, never models:
+
+* a **trace** (:func:`circuitfade.store.trace`): columns ``step, layer, head, metric,
+  value`` (extra columns are ignored) - :func:`head_heatmap`,
+  :func:`head_small_multiples`, :func:`head_timeline`. A figure shows one series: the
+  trace must hold one row per ``(step, layer, head)`` for the metric (filter a
+  multi-run trace to one run first);
+* a **gate intervention table** (:func:`circuitfade.analysis.gate_intervention_table`):
+  ``condition, gates, accuracy, loss`` - :func:`gate_intervention_bar`;
+* a run's **metrics table** (``metrics.csv``, :func:`circuitfade.training.read_metrics`):
+  ``step, gate_*, acc_*`` (or ``mse_*``) - :func:`training_curves`.
+
+Heads are named ``"L{layer}H{head}"`` everywhere, hover text included. Figures carry
+axis titles with units and a fixed height, and need nothing beyond plotly to save:
+``fig.write_html("fig.html")`` embeds plotly.js (works offline).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+__all__ = [
+    "METRIC_LABELS",
+    "metric_label",
+    "head_heatmap",
+    "head_small_multiples",
+    "head_timeline",
+    "gate_intervention_bar",
+    "training_curves",
+]
+
+METRIC_LABELS: dict[str, str] = {
+    "successor_mass": "successor-value mass (attention probability)",
+    "ablation_importance": "mean-ablation importance (accuracy drop, fraction)",
+    "ablation_loss_increase": "mean-ablation loss increase (nats)",
+}
+"""Axis/colorbar titles (with units) of the package's per-head metrics; others show their name."""
+
+STEP_TITLE = "training step"
+GATE_TITLE = "gate value (0 = prior off, 1 = full)"
+ACC_TITLE = "accuracy (fraction correct)"
+COLORSCALE = "Viridis"
+
+_CONDITION_LABELS = {
+    "normal": "normal (gates as set)",
+    "zero": "zero gate",
+    "param": "gate = sigmoid(logit)",
+    "half": "gate = 0.5",
+}
+
+
+def metric_label(metric: str) -> str:
+    """The axis title of ``metric``: :data:`METRIC_LABELS` entry, else the name itself."""
+    return METRIC_LABELS.get(metric, metric)
+
+
+def _head_name(layer: int, head: int) -> str:
+    return f"L{int(layer)}H{int(head)}"
+
+
+def _fmt(v: float) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
+
+
+# ------------------------------------------------------------------------- tidy input
+def _head_frame(traced: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Rows of ``metric`` as ``step, layer, head, value`` (ints, float), sorted; validated."""
+    if not isinstance(traced, pd.DataFrame):
+        raise ValueError(f"traced: expected a pandas DataFrame (see circuitfade.store.trace), got {type(traced).__name__}")
+    need = ["step", "layer", "head", "metric", "value"]
+    missing = [c for c in need if c not in traced.columns]
+    if missing:
+        raise ValueError(f"traced: expected columns {need}, missing {missing}")
+    if not isinstance(metric, str):
+        raise ValueError(f"metric: expected a metric name (str), got {metric!r}")
+    rows = traced[traced["metric"] == metric]
+    if rows.empty:
+        known = sorted(map(str, traced["metric"].dropna().unique()))
+        raise ValueError(f"metric {metric!r} is not in the trace; metrics: {known}")
+    rows = rows[rows["layer"].notna() & rows["head"].notna()]
+    if rows.empty:
+        raise ValueError(f"metric {metric!r} has no per-head rows (layer and head are missing); nothing to plot per head")
+    df = pd.DataFrame({
+        "step": rows["step"].astype("int64").to_numpy(),
+        "layer": rows["layer"].astype("int64").to_numpy(),
+        "head": rows["head"].astype("int64").to_numpy(),
+        "value": rows["value"].astype(float).to_numpy(),
+    })
+    dup = df.duplicated(["step", "layer", "head"])
+    if dup.any():
+        s, l, h = df.loc[dup, ["step", "layer", "head"]].iloc[0]
+        raise ValueError(
+            f"traced: several {metric!r} rows for step {s}, head {_head_name(l, h)}; the trace holds several "
+            "series (runs, paths or seeds): filter it to one, e.g. traced[traced['run'] == name]"
+        )
+    if df["value"].isna().all():
+        raise ValueError(f"metric {metric!r}: every value is NaN; nothing to plot")
+    return df.sort_values(["step", "layer", "head"], kind="mergesort").reset_index(drop=True)
+
+
+def _grid(df: pd.DataFrame, step: int, n_layers: int, n_heads: int) -> tuple[np.ndarray, list[list[str]]]:
+    """``z[layer, head]`` (NaN where absent) and hover text at ``step``."""
+    z = np.full((n_layers, n_heads), np.nan)
+    part = df[df["step"] == step]
+    z[part["layer"].to_numpy(), part["head"].to_numpy()] = part["value"].to_numpy()
+    text = [[f"{_head_name(l, h)} step {step}: {_fmt(z[l, h])}" for h in range(n_heads)] for l in range(n_layers)]
+    return z, text
+
+
+def _color_range(values: np.ndarray) -> tuple[float, float]:
+    lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    return lo, hi
+
+
+def _heat(z, text, n_layers: int, n_heads: int) -> go.Heatmap:
+    return go.Heatmap(
+        z=z, x=list(range(n_heads)), y=list(range(n_layers)), text=text,
+        hovertemplate="%{text}<extra></extra>", coloraxis="coloraxis", xgap=1, ygap=1,
+    )
+
+
+def _int_axis(n: int) -> dict:
+    return dict(tickmode="array", tickvals=list(range(n)), ticktext=[str(i) for i in range(n)])
+
+
+# ---------------------------------------------------------------------------- heatmaps
+def head_heatmap(traced: pd.DataFrame, metric: str, *, step: int | None = None) -> go.Figure:
+    """``metric`` per head as a layer x head heatmap, one checkpoint at a time.
+
+    ``step=None``: one heatmap trace per checkpoint step, a slider selecting which is
+    visible (starting at the last step); ``step=S``: only step ``S`` (``ValueError``
+    listing the steps if absent). One colour scale, fixed over all shown steps (min to
+    max of the metric), so colours compare across steps; the colorbar is titled with
+    the metric (:func:`metric_label`). Hover text: ``"L{layer}H{head} step {S}: {value}"``.
+    Rows are layers (layer 0 on top), columns heads.
+    """
+    df = _head_frame(traced, metric)
+    steps = sorted(df["step"].unique().tolist())
+    if step is not None:
+        if step not in steps:
+            raise ValueError(f"step {step!r} is not in the trace of {metric!r}; steps: {steps}")
+        steps = [step]
+        df = df[df["step"] == step]
+    n_layers, n_heads = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
+    label = metric_label(metric)
+    cmin, cmax = _color_range(df["value"].to_numpy())
+    fig = go.Figure()
+    for s in steps:
+        z, text = _grid(df, s, n_layers, n_heads)
+        fig.add_trace(_heat(z, text, n_layers, n_heads).update(name=f"step {s}"))
+    last = len(steps) - 1
+    for i, tr in enumerate(fig.data):
+        tr.visible = i == last
+    title = f"{label} per head"
+    fig.update_layout(
+        title=dict(text=f"{title}, step {steps[last]}"),
+        coloraxis=dict(colorscale=COLORSCALE, cmin=cmin, cmax=cmax, colorbar=dict(title=dict(text=label, side="right"))),
+        xaxis=dict(title=dict(text="head"), **_int_axis(n_heads)),
+        yaxis=dict(title=dict(text="layer"), autorange="reversed", **_int_axis(n_layers)),
+        height=max(320, 60 * n_layers + 240),
+    )
+    if len(steps) > 1:
+        fig.update_layout(sliders=[dict(
+            active=last,
+            currentvalue=dict(prefix="checkpoint at training step "),
+            pad=dict(t=40),
+            steps=[
+                dict(method="update", label=str(s),
+                     args=[{"visible": [j == i for j in range(len(steps))]}, {"title.text": f"{title}, step {s}"}])
+                for i, s in enumerate(steps)
+            ],
+        )])
+    return fig
+
+
+def head_small_multiples(traced: pd.DataFrame, metric: str, *, max_cols: int = 6) -> go.Figure:
+    """One small layer x head heatmap of ``metric`` per checkpoint step, in a grid.
+
+    Panels in step order, ``min(max_cols, n_steps)`` per row, each titled ``"step S"``;
+    one shared colour scale (min to max over all steps) with the metric as colorbar
+    title. Hover text as in :func:`head_heatmap`.
+    """
+    if isinstance(max_cols, bool) or not isinstance(max_cols, numbers.Integral) or max_cols < 1:
+        raise ValueError(f"max_cols: expected a positive int, got {max_cols!r}")
+    df = _head_frame(traced, metric)
+    steps = sorted(df["step"].unique().tolist())
+    n_layers, n_heads = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
+    cols = min(int(max_cols), len(steps))
+    rows = math.ceil(len(steps) / cols)
+    label = metric_label(metric)
+    fig = make_subplots(
+        rows=rows, cols=cols, subplot_titles=[f"step {s}" for s in steps],
+        horizontal_spacing=min(0.04, 0.5 / cols), vertical_spacing=min(0.12, 0.6 / max(rows - 1, 1)),
+    )
+    for i, s in enumerate(steps):
+        z, text = _grid(df, s, n_layers, n_heads)
+        fig.add_trace(_heat(z, text, n_layers, n_heads).update(name=f"step {s}"), row=i // cols + 1, col=i % cols + 1)
+    cmin, cmax = _color_range(df["value"].to_numpy())
+    fig.update_xaxes(**_int_axis(n_heads))
+    fig.update_yaxes(autorange="reversed", **_int_axis(n_layers))
+    for r in range(1, rows + 1):
+        fig.update_yaxes(title_text="layer", row=r, col=1)
+    for i in range(len(steps)):
+        if i + cols >= len(steps):  # the lowest panel of its column
+            fig.update_xaxes(title_text="head", row=i // cols + 1, col=i % cols + 1)
+    fig.update_layout(
+        title=dict(text=f"{label} per head at every checkpoint"),
+        coloraxis=dict(colorscale=COLORSCALE, cmin=cmin, cmax=cmax, colorbar=dict(title=dict(text=label, side="right"))),
+        height=max(300, rows * (40 * n_layers + 140) + 100),
+    )
+    return fig
+
+
+# ---------------------------------------------------------------------------- timeline
+def _first_crossings(df: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """Per head: the first step with ``value >= threshold`` (``layer, head, step, value``)."""
+    hit = df[df["value"] >= threshold]
+    return hit.groupby(["layer", "head"], sort=True).head(1).reset_index(drop=True)
+
+
+def _gate_traces(gate, steps: list[int]) -> list[go.Scatter]:
+    """Gate lines for the secondary axis from a DataFrame or a callable ``step -> value``."""
+    style = dict(mode="lines", line=dict(dash="dot", width=2), hovertemplate="%{text}<extra></extra>")
+    if isinstance(gate, pd.DataFrame):
+        cols = ["gate"] if "gate" in gate.columns else [c for c in gate.columns if str(c).startswith("gate_")]
+        if "step" not in gate.columns or not cols:
+            raise ValueError(
+                f"gate: expected a DataFrame with a 'step' column and a 'gate' (or 'gate_<prior>') column, "
+                f"got columns {list(gate.columns)}"
+            )
+        out = []
+        g = gate.sort_values("step", kind="mergesort")
+        for c in cols:
+            name = "gate" if c == "gate" else f"gate ({str(c)[5:]})"
+            ys = g[c].astype(float).to_numpy()
+            xs = g["step"].to_numpy()
+            text = [f"{name} at step {int(x)}: {_fmt(y)}" for x, y in zip(xs, ys)]
+            out.append(go.Scatter(x=xs, y=ys, name=name, text=text, **style))
+        return out
+    if callable(gate):
+        lo, hi = min(steps), max(steps)
+        dense = np.unique(np.concatenate([np.round(np.linspace(lo, hi, 401)), np.asarray(steps, float)])).astype(int)
+        xs, ys = [], []
+        for s in dense.tolist():
+            v = gate(s)
+            if v is not None:
+                xs.append(s)
+                ys.append(float(v))
+        if not xs:
+            return []  # e.g. learned gates: no prescribed schedule
+        text = [f"gate schedule at step {x}: {_fmt(y)}" for x, y in zip(xs, ys)]
+        return [go.Scatter(x=xs, y=ys, name="gate (schedule)", text=text, **style)]
+    raise ValueError(f"gate: expected None, a DataFrame (step, gate) or a callable step -> value, got {type(gate).__name__}")
+
+
+def head_timeline(
+    traced: pd.DataFrame,
+    metric: str,
+    *,
+    gate: pd.DataFrame | Callable[[int], float | None] | None = None,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    gate_zero_step: int | None = None,
+) -> go.Figure:
+    """``metric`` of every head over training steps, with the gate schedule and threshold crossings.
+
+    * One line per head (``"L{layer}H{head}"``), x = checkpoint step. ``top_k``: only
+      the ``k`` heads with the largest value at the last step (ties: lowest layer, then
+      head), plus the head of the first crossing if it is not among them.
+    * ``gate``: drawn on a secondary y axis (dotted): a DataFrame with ``step`` and
+      ``gate`` columns (or ``gate_<prior>`` columns, as in ``metrics.csv``, one line each),
+      or a callable ``step -> value`` (e.g. ``series.gate_value``) sampled at up to 400
+      steps over the traced range (``None`` values are left out).
+    * ``threshold``: a dashed horizontal line; a star marker (trace ``"first crossing"``)
+      at each plotted head's first step with ``value >= threshold``; and an annotation at
+      the series' first crossing - the first step at which any head reaches the threshold,
+      and the top head (largest value) at that step, i.e. ``first_step`` / ``first_head`` of
+      :func:`circuitfade.analysis.timeline_long`.
+    * ``gate_zero_step``: a vertical dotted line where the gate reached zero.
+    """
+    df = _head_frame(traced, metric)
+    steps = sorted(df["step"].unique().tolist())
+    heads = sorted({(int(l), int(h)) for l, h in zip(df["layer"], df["head"])})
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)):
+        raise ValueError(f"threshold: expected a number or None, got {threshold!r}")
+    crossings = _first_crossings(df, float(threshold)) if threshold is not None else None
+    first = None
+    if crossings is not None and len(crossings):
+        first = crossings.sort_values(["step", "value", "layer", "head"], ascending=[True, False, True, True],
+                                      kind="mergesort").iloc[0]
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+            raise ValueError(f"top_k: expected a positive int or None, got {top_k!r}")
+        final = df[df["step"] == steps[-1]].sort_values(["value", "layer", "head"], ascending=[False, True, True],
+                                                        kind="mergesort", na_position="last")
+        keep = [(int(l), int(h)) for l, h in zip(final["layer"], final["head"])][: int(top_k)]
+        if first is not None and (int(first["layer"]), int(first["head"])) not in keep:
+            keep.append((int(first["layer"]), int(first["head"])))
+        heads = sorted(keep)
+
+    gate_traces = _gate_traces(gate, steps) if gate is not None else []
+    fig = make_subplots(specs=[[{"secondary_y": bool(gate_traces)}]])
+    for l, h in heads:
+        part = df[(df["layer"] == l) & (df["head"] == h)]
+        name = _head_name(l, h)
+        text = [f"{name} step {s}: {_fmt(v)}" for s, v in zip(part["step"], part["value"])]
+        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=name, legendgroup=name, mode="lines+markers",
+                                 text=text, hovertemplate="%{text}<extra></extra>", marker=dict(size=5)))
+    if crossings is not None:
+        plotted = set(heads)
+        mask = [(int(l), int(h)) in plotted for l, h in zip(crossings["layer"], crossings["head"])]
+        shown = crossings[pd.Series(mask, index=crossings.index, dtype=bool)]
+        text = [f"{_head_name(l, h)} first reaches {threshold:g} at step {s} (value {_fmt(v)})"
+                for l, h, s, v in zip(shown["layer"], shown["head"], shown["step"], shown["value"])]
+        fig.add_trace(go.Scatter(
+            x=shown["step"], y=shown["value"], mode="markers", name=f"first crossing (≥ {threshold:g})",
+            marker=dict(symbol="star", size=13, color="black", line=dict(width=1, color="white")),
+            text=text, hovertemplate="%{text}<extra></extra>",
+        ))
+        fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=threshold, y1=threshold,
+                      line=dict(dash="dash", color="gray", width=1.5))
+        fig.add_annotation(xref="paper", x=0, yref="y", y=threshold, text=f"threshold {threshold:g}",
+                           showarrow=False, xanchor="left", yanchor="bottom", font=dict(color="gray"))
+        if first is not None:
+            name = _head_name(first["layer"], first["head"])
+            fig.add_annotation(x=int(first["step"]), y=float(first["value"]), xref="x", yref="y",
+                               text=f"{name} first reaches {threshold:g} at step {int(first['step'])}",
+                               showarrow=True, arrowhead=2, ax=40, ay=-40)
+    for tr in gate_traces:
+        fig.add_trace(tr, secondary_y=True)
+    if gate_traces:
+        ys = np.concatenate([np.asarray(t.y, float) for t in gate_traces])
+        rng = [0, 1.05] if np.nanmin(ys) >= 0 and np.nanmax(ys) <= 1 else None
+        fig.update_yaxes(title_text=GATE_TITLE, range=rng, secondary_y=True, showgrid=False)
+    if gate_zero_step is not None:
+        fig.add_shape(type="line", xref="x", x0=gate_zero_step, x1=gate_zero_step, yref="paper", y0=0, y1=1,
+                      line=dict(dash="dot", color="firebrick", width=1.5))
+        fig.add_annotation(x=gate_zero_step, xref="x", yref="paper", y=1, text=f"gate reaches 0 (step {gate_zero_step})",
+                           showarrow=False, xanchor="left", yanchor="bottom", font=dict(color="firebrick"))
+    fig.update_xaxes(title_text=STEP_TITLE)
+    fig.update_yaxes(title_text=metric_label(metric), secondary_y=False)
+    fig.update_layout(title=dict(text=f"{metric_label(metric)} per head over training"), height=480,
+                      legend=dict(title=dict(text="head")))
+    return fig
+
+
+# ------------------------------------------------------------------ gates and training
+def gate_intervention_bar(table: pd.DataFrame, *, chance: float | None = None) -> go.Figure:
+    """Accuracy under each gate condition of a gate intervention table, as bars.
+
+    ``table``: columns ``condition`` and ``accuracy`` (optional ``gates`` and ``loss``
+    appear in the hover text), one row per condition, in the order drawn.
+    ``chance``: a dashed horizontal line at chance accuracy (e.g. ``task.chance``).
+    """
+    if not isinstance(table, pd.DataFrame):
+        raise ValueError(f"table: expected a DataFrame (see gate_intervention_table), got {type(table).__name__}")
+    missing = [c for c in ("condition", "accuracy") if c not in table.columns]
+    if missing:
+        raise ValueError(f"table: expected columns ['condition', 'accuracy'] (and optionally gates, loss), missing {missing}")
+    if table.empty:
+        raise ValueError("table: no rows to plot")
+    if table["condition"].duplicated().any():
+        raise ValueError("table: one row per condition expected (several models' tables? plot one at a time)")
+    cond = table["condition"].astype(str).tolist()
+    acc = table["accuracy"].astype(float).tolist()
+    gates = table["gates"].astype(str).tolist() if "gates" in table.columns else [None] * len(cond)
+    loss = table["loss"].astype(float).tolist() if "loss" in table.columns else [None] * len(cond)
+    hover = []
+    for c, a, g, l in zip(cond, acc, gates, loss):
+        s = f"{c}" + (f" ({g})" if g else "") + f": accuracy {_fmt(a)}"
+        hover.append(s + (f", loss {_fmt(l)} nats" if l is not None else ""))
+    fig = go.Figure(go.Bar(x=cond, y=acc, text=[f"{a:.3f}" for a in acc], textposition="outside",
+                           hovertext=hover, hovertemplate="%{hovertext}<extra></extra>", name="accuracy"))
+    if chance is not None:
+        if isinstance(chance, bool) or not isinstance(chance, numbers.Real):
+            raise ValueError(f"chance: expected a number or None, got {chance!r}")
+        fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=chance, y1=chance,
+                      line=dict(dash="dash", color="gray"))
+        fig.add_annotation(xref="paper", x=1, yref="y", y=chance, text=f"chance {chance:.3g}", showarrow=False,
+                           xanchor="right", yanchor="bottom", font=dict(color="gray"))
+    fig.update_layout(
+        title=dict(text="Gate interventions at evaluation (final checkpoint)"),
+        xaxis=dict(title=dict(text="gate condition at evaluation")),
+        yaxis=dict(title=dict(text=ACC_TITLE), range=[0, 1.08]),
+        height=420, showlegend=False,
+    )
+    return fig
+
+
+def training_curves(metrics_df: pd.DataFrame) -> go.Figure:
+    """Evaluation curves of a run (``metrics.csv``) with its gates on a secondary axis.
+
+    One line per evaluation condition: the ``acc_<condition>`` columns (accuracy), or
+    for tasks without accuracy the ``mse_<condition>`` columns, else ``loss_<condition>``;
+    conditions ``normal`` (gates as set at that step), ``zero``, ``param``, ``half``
+    (see :mod:`circuitfade.evaluation`). Every ``gate_<prior>`` column (mean effective
+    gate over heads and layers) is a dotted line on the secondary y axis.
+    """
+    if not isinstance(metrics_df, pd.DataFrame):
+        raise ValueError(f"metrics_df: expected a DataFrame (metrics.csv), got {type(metrics_df).__name__}")
+    if "step" not in metrics_df.columns:
+        raise ValueError(f"metrics_df: expected a 'step' column, got {list(metrics_df.columns)}")
+    for prefix, title in (("acc_", ACC_TITLE), ("mse_", "mean squared error"), ("loss_", "cross-entropy loss (nats)")):
+        cols = [c for c in metrics_df.columns if str(c).startswith(prefix)]
+        if cols:
+            break
+    else:
+        raise ValueError(
+            "metrics_df: expected acc_<condition>, mse_<condition> or loss_<condition> columns, "
+            f"got {list(metrics_df.columns)}"
+        )
+    gate_cols = [c for c in metrics_df.columns if str(c).startswith("gate_")]
+    m = metrics_df.sort_values("step", kind="mergesort")
+    fig = make_subplots(specs=[[{"secondary_y": bool(gate_cols)}]])
+    for c in cols:
+        cond = str(c)[len(prefix):]
+        name = _CONDITION_LABELS.get(cond, cond)
+        ys = m[c].astype(float)
+        text = [f"{name}, step {int(s)}: {_fmt(v)}" for s, v in zip(m["step"], ys)]
+        fig.add_trace(go.Scatter(x=m["step"], y=ys, name=name, mode="lines", text=text, connectgaps=True,
+                                 hovertemplate="%{text}<extra></extra>"))
+    for tr in _gate_traces(m[["step", *gate_cols]], m["step"].tolist()) if gate_cols else []:
+        fig.add_trace(tr, secondary_y=True)
+    if gate_cols:
+        ys = m[gate_cols].astype(float).to_numpy()
+        rng = [0, 1.05] if np.nanmin(ys) >= 0 and np.nanmax(ys) <= 1 else None
+        fig.update_yaxes(title_text=GATE_TITLE, range=rng, secondary_y=True, showgrid=False)
+    fig.update_xaxes(title_text=STEP_TITLE)
+    fig.update_yaxes(title_text=title, secondary_y=False, **({"range": [0, 1.05]} if prefix == "acc_" else {}))
+    fig.update_layout(title=dict(text="Evaluation during training"), height=420,
+                      legend=dict(title=dict(text="evaluated with")))
+    return fig

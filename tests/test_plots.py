@@ -1,0 +1,263 @@
+"""Tests for circuitfade.plots (figure structure on planted traces) and circuitfade.report (analyze).
+
+The figure tests build tidy traces by hand, with a planted crossing: head L1H2's
+successor mass is .10, .30, .60 at steps 0, 100, 200 and L0H1's .05, .20, .40, every
+other head stays below .1, so with threshold .25 L1H2 crosses first (step 100) and
+L0H1 at step 200.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from circuitfade import plots
+from circuitfade.report import analyze, analyze_main, markdown_table
+from circuitfade.tasks import make_task
+from circuitfade.training import RunConfig, TrainConfig, train
+
+torch.set_num_threads(1)
+
+STEPS = [0, 100, 200]
+N_LAYERS, N_HEADS = 2, 4
+PLANTED = {(1, 2): [0.10, 0.30, 0.60], (0, 1): [0.05, 0.20, 0.40]}
+MASS = "successor_mass"
+
+
+def planted_trace(planted=PLANTED, metric: str = MASS, run: str = "r0") -> pd.DataFrame:
+    rows = []
+    for i, s in enumerate(STEPS):
+        for l in range(N_LAYERS):
+            for h in range(N_HEADS):
+                v = planted[(l, h)][i] if (l, h) in planted else 0.01 * (l * N_HEADS + h)
+                rows.append({"step": s, "layer": l, "head": h, "metric": metric, "value": v, "note": None, "run": run})
+    df = pd.DataFrame(rows)
+    df["layer"] = df["layer"].astype("Int64")
+    df["head"] = df["head"].astype("Int64")
+    return df
+
+
+def title(axis) -> str:
+    return axis.title.text
+
+
+# --------------------------------------------------------------------------- heatmap
+def test_heatmap_slider_has_one_trace_and_one_step_per_checkpoint():
+    fig = plots.head_heatmap(planted_trace(), MASS)
+    assert len(fig.data) == 3
+    assert [tr.name for tr in fig.data] == ["step 0", "step 100", "step 200"]
+    assert [tr.visible for tr in fig.data] == [False, False, True]  # starts at the last step
+    (slider,) = fig.layout.sliders
+    assert [st.label for st in slider.steps] == ["0", "100", "200"]
+    assert slider.active == 2
+    assert list(slider.steps[1].args[0]["visible"]) == [False, True, False]
+    z = np.asarray(fig.data[1].z)
+    assert z.shape == (N_LAYERS, N_HEADS)
+    assert z[1, 2] == pytest.approx(0.30)
+    assert fig.data[1].text[1][2] == "L1H2 step 100: 0.3"
+    # one colour scale for every step, spanning all values
+    assert fig.layout.coloraxis.cmin == pytest.approx(0.0)
+    assert fig.layout.coloraxis.cmax == pytest.approx(0.60)
+    assert all(tr.coloraxis == "coloraxis" for tr in fig.data)
+    assert fig.layout.coloraxis.colorbar.title.text == plots.metric_label(MASS)
+    assert "attention probability" in fig.layout.coloraxis.colorbar.title.text
+    assert title(fig.layout.xaxis) == "head" and title(fig.layout.yaxis) == "layer"
+
+
+def test_heatmap_at_one_step_and_bad_input():
+    fig = plots.head_heatmap(planted_trace(), MASS, step=100)
+    assert len(fig.data) == 1 and not fig.layout.sliders
+    assert np.asarray(fig.data[0].z)[0, 1] == pytest.approx(0.20)
+    with pytest.raises(ValueError, match=r"step 50 .*\[0, 100, 200\]"):
+        plots.head_heatmap(planted_trace(), MASS, step=50)
+    with pytest.raises(ValueError, match="not in the trace; metrics: \\['successor_mass'\\]"):
+        plots.head_heatmap(planted_trace(), "ablation_importance")
+    two_runs = pd.concat([planted_trace(run="a"), planted_trace(run="b")])
+    with pytest.raises(ValueError, match="filter it to one"):
+        plots.head_heatmap(two_runs, MASS)
+    with pytest.raises(ValueError, match="missing \\['value'\\]"):
+        plots.head_heatmap(planted_trace().drop(columns="value"), MASS)
+
+
+def test_small_multiples_one_panel_per_checkpoint_shared_scale():
+    fig = plots.head_small_multiples(planted_trace(), MASS, max_cols=2)
+    assert len(fig.data) == 3
+    assert [a.text for a in fig.layout.annotations] == ["step 0", "step 100", "step 200"]
+    assert {tr.coloraxis for tr in fig.data} == {"coloraxis"}
+    assert fig.layout.coloraxis.cmax == pytest.approx(0.60)
+    assert fig.data[2].xaxis == "x3"  # 2 columns: step 200 opens the second row
+    assert title(fig.layout.xaxis3) == "head" and title(fig.layout.xaxis2) == "head"  # lowest panel of each column
+    assert title(fig.layout.yaxis) == "layer" and title(fig.layout.yaxis3) == "layer"
+    assert fig.data[0].text[0][1] == "L0H1 step 0: 0.05"
+    with pytest.raises(ValueError, match="max_cols"):
+        plots.head_small_multiples(planted_trace(), MASS, max_cols=0)
+
+
+# -------------------------------------------------------------------------- timeline
+def test_timeline_marks_first_crossings_at_the_planted_steps():
+    gate = lambda s: 0.5 if s < 50 else max(0.0, 0.5 - (s - 50) / 100)  # noqa: E731
+    fig = plots.head_timeline(planted_trace(), MASS, gate=gate, threshold=0.25, gate_zero_step=100)
+    names = [tr.name for tr in fig.data]
+    heads = [f"L{l}H{h}" for l in range(N_LAYERS) for h in range(N_HEADS)]
+    assert names == heads + ["first crossing (≥ 0.25)", "gate (schedule)"]
+    line = fig.data[names.index("L1H2")]
+    assert list(line.x) == STEPS and list(line.y) == pytest.approx(PLANTED[(1, 2)])
+    assert "L1H2 step 100: 0.3" in line.text
+    cross = fig.data[names.index("first crossing (≥ 0.25)")]
+    at = {t.split()[0]: (x, y) for t, x, y in zip(cross.text, cross.x, cross.y)}
+    assert at == {"L0H1": (200, pytest.approx(0.40)), "L1H2": (100, pytest.approx(0.30))}
+    # the series' first crossing is annotated (= timeline_long first_step / first_head)
+    (note,) = [a for a in fig.layout.annotations if a.showarrow]
+    assert note.x == 100 and "L1H2" in note.text
+    # the gate on the secondary axis, sampled from the callable
+    g = fig.data[-1]
+    assert g.yaxis == "y2" and title(fig.layout.yaxis2).startswith("gate value")
+    assert all(y == pytest.approx(gate(x)) for x, y in zip(g.x, g.y))
+    assert g.x[0] == 0 and g.x[-1] == 200
+    assert title(fig.layout.xaxis) == "training step"
+    assert title(fig.layout.yaxis) == plots.metric_label(MASS)
+    ys = {sh.y0 for sh in fig.layout.shapes if sh.yref == "y"}
+    xs = {sh.x0 for sh in fig.layout.shapes if sh.xref == "x"}
+    assert ys == {0.25} and xs == {100}
+
+
+def test_timeline_top_k_keeps_the_first_crossing_head():
+    # L0H1 ends highest, but L1H2 crosses first: both are kept with top_k=1
+    planted = {(1, 2): [0.10, 0.30, 0.35], (0, 1): [0.05, 0.20, 0.90]}
+    fig = plots.head_timeline(planted_trace(planted), MASS, threshold=0.25, top_k=1)
+    assert [tr.name for tr in fig.data] == ["L0H1", "L1H2", "first crossing (≥ 0.25)"]
+    fig = plots.head_timeline(planted_trace(planted), MASS, top_k=1)
+    assert [tr.name for tr in fig.data] == ["L0H1"] and not fig.layout.shapes
+    with pytest.raises(ValueError, match="top_k"):
+        plots.head_timeline(planted_trace(), MASS, top_k=0)
+
+
+def test_timeline_gate_from_metrics_columns():
+    gates = pd.DataFrame({"step": STEPS, "gate_pos": [0.5, 0.25, 0.0], "gate_content": [0.5, 0.5, 0.5]})
+    fig = plots.head_timeline(planted_trace(), MASS, gate=gates)
+    assert [tr.name for tr in fig.data][-2:] == ["gate (pos)", "gate (content)"]
+    assert list(fig.data[-2].y) == [0.5, 0.25, 0.0] and fig.data[-2].yaxis == "y2"
+    with pytest.raises(ValueError, match="'step' column and a 'gate'"):
+        plots.head_timeline(planted_trace(), MASS, gate=pd.DataFrame({"step": STEPS}))
+    with pytest.raises(ValueError, match="callable"):
+        plots.head_timeline(planted_trace(), MASS, gate=0.5)
+
+
+# ---------------------------------------------------------------- bars and curves
+def test_gate_intervention_bar():
+    table = pd.DataFrame({
+        "condition": ["normal", "position gate zeroed", "content gate zeroed", "both gates zeroed"],
+        "gates": ["as trained", "pos=0", "content=0", "pos=0, content=0"],
+        "accuracy": [0.9, 0.8, 0.3, 0.1], "loss": [0.2, 0.4, 1.9, 2.7],
+    })
+    fig = plots.gate_intervention_bar(table, chance=1 / 16)
+    (bar,) = fig.data
+    assert list(bar.x) == list(table["condition"]) and list(bar.y) == [0.9, 0.8, 0.3, 0.1]
+    assert bar.hovertext[2] == "content gate zeroed (content=0): accuracy 0.3, loss 1.9 nats"
+    assert [sh.y0 for sh in fig.layout.shapes] == [pytest.approx(1 / 16)]
+    assert title(fig.layout.yaxis) == "accuracy (fraction correct)"
+    assert title(fig.layout.xaxis) == "gate condition at evaluation"
+    assert not plots.gate_intervention_bar(table).layout.shapes
+    with pytest.raises(ValueError, match="missing \\['accuracy'\\]"):
+        plots.gate_intervention_bar(table.drop(columns="accuracy"))
+
+
+def test_training_curves_accuracy_and_gates():
+    m = pd.DataFrame({"step": [0, 10, 20], "gate_pos": [0.5, 0.25, 0.0], "gate_content": [0.5, 0.25, 0.0],
+                      "train_loss": [np.nan, 3.0, 2.0], "acc_normal": [0.1, 0.5, 0.9],
+                      "loss_normal": [3.4, 2.0, 0.5], "acc_zero": [0.1, 0.2, 0.9]})
+    fig = plots.training_curves(m)
+    assert [tr.name for tr in fig.data] == ["normal (gates as set)", "zero gate", "gate (pos)", "gate (content)"]
+    assert list(fig.data[1].y) == [0.1, 0.2, 0.9]
+    assert [tr.yaxis or "y" for tr in fig.data] == ["y", "y", "y2", "y2"]
+    assert title(fig.layout.yaxis) == "accuracy (fraction correct)"
+    assert title(fig.layout.yaxis2).startswith("gate value") and title(fig.layout.xaxis) == "training step"
+    reg = plots.training_curves(pd.DataFrame({"step": [0, 10], "mse_normal": [1.0, 0.5]}))
+    assert title(reg.layout.yaxis) == "mean squared error" and len(reg.data) == 1
+    with pytest.raises(ValueError, match="acc_<condition>"):
+        plots.training_curves(pd.DataFrame({"step": [0]}))
+
+
+def test_write_html_embeds_plotly_js(tmp_path):
+    f = tmp_path / "fig.html"
+    plots.head_heatmap(planted_trace(), MASS).write_html(f)
+    text = f.read_text()
+    assert re.search(r"plotly\.js v\d", text) and "<script src=" not in text  # inline: works offline
+    assert "L1H2 step 200: 0.6" in text
+
+
+def test_markdown_table():
+    df = pd.DataFrame({"head": pd.array(["L1H2", pd.NA], dtype="string"), "step": pd.array([100, pd.NA], dtype="Int64"),
+                       "value": [0.123456, float("nan")]})
+    assert markdown_table(df) == "| head | step | value |\n|---|---|---|\n| L1H2 | 100 | 0.1235 |\n| NA | NA | NA |"
+
+
+# ------------------------------------------------------------------------- analyze
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "fade"
+    cfg = RunConfig(path="fade5+5->0", train=TrainConfig(steps=20, checkpoint_every=10, eval_every=10, eval_size=64))
+    train(cfg, run_dir, progress=False)
+    return run_dir
+
+
+def test_analyze_run_dir_writes_report(tiny_run, tmp_path):
+    out = tmp_path / "report.html"
+    res = analyze(tiny_run, out, n=32, progress=False)
+    assert res["series"].steps == [0, 10, 20]
+    tl = res["timeline"]
+    assert len(tl) == 1 and tl["path"].iloc[0] == "fade5+5->0"
+    assert tl["gate_zero_step"].iloc[0] == 10  # 0.5 until step 5, linear to 0 at step 10
+    traced = res["traced"]
+    assert set(traced["metric"]) == {"successor_mass", "ablation_importance", "ablation_loss_increase"}
+    assert len(traced) == 3 * 3 * 2 * 4 and traced["value"].notna().all()  # steps x metrics x layers x heads
+    assert list(res["interventions"]["condition"]) == [
+        "normal", "position gate zeroed", "content gate zeroed", "both gates zeroed"]
+    assert list(res["figures"]) == ["successor_mass_heatmap", "successor_mass_timeline", "ablation_importance_heatmap",
+                                    "ablation_importance_timeline", "gate_interventions", "training_curves"]
+    # the timeline figure annotates the crossing the table reports
+    for metric in ("successor_mass", "ablation_importance"):
+        arrows = [a for a in res["figures"][f"{metric}_timeline"].layout.annotations if a.showarrow]
+        first = tl[f"{metric}_first_step"].iloc[0]
+        if pd.isna(first):
+            assert not arrows
+        else:
+            assert arrows[0].x == first and tl[f"{metric}_first_head"].iloc[0] in arrows[0].text
+    assert res["html"] == out
+    text = out.read_text()
+    assert len(re.findall(r"plotly\.js v\d", text)) == 1 and "<script src=" not in text
+    assert text.count('class="plotly-graph-div"') == 6
+    assert "Consolidation timeline" in text and "both gates zeroed" in text
+
+
+def test_analyze_main_prints_timeline(tiny_run, tmp_path, capsys):
+    out = tmp_path / "a.html"
+    assert analyze_main([str(tiny_run), "--out", str(out), "--n", "32", "--every", "20", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "| run | path | seed | successor_mass_top_head |" in printed
+    assert "| fade | fade5+5->0 | 0 |" in printed and "2 checkpoints (steps 0..20)" in printed
+    assert "| 20 | both gates zeroed |" in printed and out.is_file()
+    assert analyze_main([str(tiny_run / "nope"), "--quiet"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_analyze_plain_hooked_transformers_without_gates(tmp_path):
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=32,
+                                  attn_only=True, act_fn=None, seed=0)
+    models = [HookedTransformer(cfg), HookedTransformer(cfg)]
+    task = make_task("assoc")
+    with pytest.raises(ValueError, match="pass task="):
+        analyze(models, progress=False)
+    res = analyze(models, tmp_path / "ht.html", n=32, task=task, progress=False)
+    assert res["interventions"] is None and res["metrics"] is None
+    assert any("no gates" in note for note in res["notes"])
+    assert "gate_interventions" not in res["figures"] and "training_curves" not in res["figures"]
+    assert len(res["timeline"]) == 1 and pd.isna(res["timeline"]["gate_zero_step"].iloc[0])
+    assert res["traced"]["value"].notna().all() and len(res["traced"]) == 2 * 3 * 2
+    assert not any(tr.name and tr.name.startswith("gate") for tr in res["figures"]["successor_mass_timeline"].data)
+    assert (tmp_path / "ht.html").is_file()
