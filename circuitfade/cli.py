@@ -88,6 +88,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 # Subcommands whose argument parsing lives in their own module: name -> (module, function, help)
 DELEGATED = {
     "reproduce": ("circuitfade.experiments.reproduce", "main", "run the main paper's experiments, write results.md"),
+    "analyze": ("circuitfade.report", "analyze_main",
+                "trace head diagnostics over a run's checkpoints, print the consolidation timeline, write an HTML report"),
 }
 
 

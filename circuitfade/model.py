@@ -563,7 +563,7 @@ class SoftPriorTransformer(HookedTransformer):
             kw["positional_embedding_type"] = "standard"
         ht = HookedTransformer(HookedTransformerConfig(**kw))
         ht.load_state_dict(self.backbone_state_dict(), strict=True)
-        return ht.to(self.W_E.device)
+        return ht.to(self.W_E.device, print_details=False)
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into directory ``path`` (atomically)."""

@@ -79,7 +79,7 @@ from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.schedules import GatePath
 from circuitfade.tasks import Batch, Task, eval_set
-from circuitfade.training import CKPT_DIR, EVAL_SEED, RunConfig, complete_checkpoints
+from circuitfade.training import CKPT_DIR, EVAL_SEED, RunConfig
 
 __all__ = [
     "Snapshot",
@@ -340,8 +340,26 @@ def is_run_dir(path: str | Path) -> bool:
     return path.is_dir() and _read_run_config(path) is not None
 
 
+_RUN_WEIGHTS = re.compile(r"step_(\d+)\.safetensors")
+
+
+def _run_weight_files(ckpt_dir: Path) -> dict[int, Path]:
+    """``{step: file}`` of the weight files ``step_XXXXXX.safetensors`` in ``ckpt_dir`` (state files excluded)."""
+    if not ckpt_dir.is_dir():
+        return {}
+    found = {int(m.group(1)): f for f in ckpt_dir.iterdir() if (m := _RUN_WEIGHTS.fullmatch(f.name)) and f.is_file()}
+    return dict(sorted(found.items()))
+
+
 def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSeries:
-    """The complete checkpoints of a circuitfade run directory as a :class:`CheckpointSeries`.
+    """The checkpoints of a circuitfade run directory as a :class:`CheckpointSeries`.
+
+    The snapshots are the weight files ``checkpoints/step_XXXXXX.safetensors`` (the
+    ``.state.safetensors`` optimizer/RNG files beside them are not needed, so a
+    weights-only copy of a run - such as the shipped ``assets/series/`` - opens too;
+    training writes the state file first, so every weight file of a run in progress
+    is a finished checkpoint). Resuming training still needs both files
+    (:func:`circuitfade.training.complete_checkpoints`).
 
     Each model is rebuilt from ``config.json`` (``RunConfig.model_config()``) and its
     weights loaded with ``SoftPriorTransformer.load_weights`` (checked keys/shapes).
@@ -359,21 +377,22 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
             f"{run_dir}: not a circuitfade run directory (expected config.json with keys {sorted(_RUN_KEYS)} "
             f"and a {CKPT_DIR}/ folder)"
         )
-    steps = complete_checkpoints(run_dir)
-    if not steps:
-        raise CheckpointError(f"{run_dir}: circuitfade run without complete checkpoints in {CKPT_DIR}/")
+    files = _run_weight_files(run_dir / CKPT_DIR)
+    if not files:
+        raise CheckpointError(
+            f"{run_dir}: circuitfade run without complete checkpoints (no step_XXXXXX.safetensors weight files "
+            f"in {CKPT_DIR}/)"
+        )
     model_cfg = dataclasses.replace(cfg.model_config(), device=device or "cpu")
-    ck = run_dir / CKPT_DIR
 
     def loader(file: Path) -> Callable[[], nn.Module]:
         def load() -> nn.Module:
             model = SoftPriorTransformer(model_cfg)
             model.load_weights(file)
-            return model.to(device or "cpu")
+            return model.to(device or "cpu", print_details=False)
         return load
 
-    snaps = [Snapshot(s, loader(ck / f"step_{s:06d}.safetensors"), str(ck / f"step_{s:06d}.safetensors"))
-             for s in steps]
+    snaps = [Snapshot(s, loader(f), str(f)) for s, f in files.items()]
     path = cfg.gate_path()
     start = int((cfg.parent or {}).get("step", 0))
     meta = {
@@ -533,7 +552,7 @@ def _file_series(files: list[Path], steps: list[int], config, device, metadata, 
             model = _new_model(cfg, device or "cpu")
             check_state_dict(sd, model.state_dict(), str(file))
             model.load_state_dict(sd, strict=True)
-            return model.to(device or "cpu")
+            return model.to(device or "cpu", print_details=False)
         return load
 
     snaps = [Snapshot(s, loader(f), str(f)) for f, s in zip(files, steps)]
