@@ -73,8 +73,8 @@ def evaluate_conditions(model, task: Task, batch: Batch, conditions=CONDITIONS) 
     """Flat dict ``{f"{metric}_{condition}": value}`` over several conditions."""
     out = {}
     for c in conditions:
-        if c != "normal" and not has_gates(model):
-            continue
+        if c != "normal" and (not has_gates(model) or not model.cfg.priors):
+            continue  # no priors: every gate condition is the "normal" model
         for k, v in evaluate_batch(model, task, batch, c).items():
             out[f"{_SHORT.get(k, k)}_{c}"] = v
     return out

@@ -73,6 +73,7 @@ def execute(config: dict, run_dir: str) -> dict:
 
     from circuitfade.training import train
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     t0 = time.time()
     try:
@@ -84,6 +85,8 @@ def execute(config: dict, run_dir: str) -> dict:
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         return {"status": "failed", "error": f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}",
                 "seconds": time.time() - t0}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _waves(items: list[tuple[RunConfig, Path]]) -> list[list[tuple[RunConfig, Path]]]:

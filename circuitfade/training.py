@@ -30,6 +30,7 @@ import csv
 import io
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -71,7 +72,7 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "eval_size", "checkpoint_every"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < (0 if name == "steps" else 1):
+            if not isinstance(v, int) or v < 1:
                 raise ValueError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
         if not 0.0 <= self.prior_dropout < 1.0:
             raise ValueError(f"prior_dropout must be in [0, 1), got {self.prior_dropout}")
@@ -390,16 +391,51 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
     run_dir = Path(run_dir)
     state = _prepare_dir(cfg, run_dir)
     run = new_run(cfg)
-    done = complete_checkpoints(run_dir)
-    if done:
-        load_checkpoint(run, run_dir, done[-1])
-        if state == "done" and run.step == cfg.train.steps:
-            return run
-    elif cfg.parent:
-        _start_from_parent(run, cfg.parent)
-    fit(run, run_dir, task, ev, progress=progress, sampler=sampler)
-    _finish(run, run_dir)
+    with _run_lock(run_dir):
+        done = complete_checkpoints(run_dir)
+        if done:
+            load_checkpoint(run, run_dir, done[-1])
+            if state == "done" and run.step == cfg.train.steps:
+                return run
+        elif cfg.parent:
+            _start_from_parent(run, cfg.parent)
+        fit(run, run_dir, task, ev, progress=progress, sampler=sampler)
+        _finish(run, run_dir)
     return run
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: Path):
+    """One trainer per run directory: ``.lock`` holds the pid; a stale lock (dead pid) is taken over."""
+    lock = Path(run_dir) / ".lock"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            text = lock.read_text().strip() if lock.exists() else ""
+            pid = int(text) if text.isdigit() else 0
+            if pid and pid != os.getpid() and _pid_alive(pid):
+                raise RuntimeError(f"{run_dir} is being trained by process {pid} (remove {lock} if that is wrong)")
+            lock.unlink(missing_ok=True)
+    else:  # pragma: no cover
+        raise RuntimeError(f"could not lock {run_dir}")
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def clone_run(run: Run, cfg: RunConfig | None = None) -> Run:

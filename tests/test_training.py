@@ -195,3 +195,16 @@ def test_linreg_trains_with_real_inputs_and_mse_metrics():
     last = run.metrics[-1]
     assert {"mse_normal", "mse_zero", "query_mse_normal"} <= set(last) and "acc_normal" not in last
     assert last["mse_normal"] < run.metrics[0]["mse_normal"]  # it learns something in 10 steps
+
+
+def test_run_directory_lock(tmp_path):
+    import os
+
+    train(cfg(steps=10), tmp_path / "r", progress=False)
+    (tmp_path / "r" / "done.json").unlink()
+    (tmp_path / "r" / ".lock").write_text(str(os.getppid()))  # a live process that is not us
+    with pytest.raises(RuntimeError, match="being trained by process"):
+        train(cfg(steps=10), tmp_path / "r", progress=False)
+    (tmp_path / "r" / ".lock").write_text("999999999")  # a dead pid: stale lock, taken over
+    train(cfg(steps=10), tmp_path / "r", progress=False)
+    assert not (tmp_path / "r" / ".lock").exists()

@@ -78,6 +78,7 @@ class Budget:
 
     steps: int = 3600
     label: str = "full"
+    eval_size: int = 512
 
     @property
     def scale(self) -> float:
@@ -90,7 +91,7 @@ class Budget:
         if self.label == "full":
             return TrainConfig(**kw)
         return TrainConfig(steps=self.steps, eval_every=max(1, self.s(100)), checkpoint_every=max(1, self.s(300)),
-                           **kw)
+                           eval_size=self.eval_size, **kw)
 
     def path(self, spec: str) -> str:
         """Canonical path name with step numbers scaled to this budget."""

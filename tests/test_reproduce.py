@@ -1,0 +1,51 @@
+"""`circuitfade reproduce --quick` end to end on a tiny budget; tables-only mode; config sharing."""
+
+from __future__ import annotations
+
+import pytest
+
+import circuitfade.experiments.paper as P
+from circuitfade.cli import main
+from circuitfade.experiments.reproduce import EXPERIMENTS
+from circuitfade.sweep import run_key
+
+TINY = P.Budget(36, "quick", eval_size=32)
+
+
+def test_budget_scales_paper_paths():
+    assert P.FULL.fade() == "fade600->0" and P.FULL.switch(1050) == "switch@1050"
+    assert P.QUICK.fade() == "fade60+45->0" and P.QUICK.switch(1050) == "switch@105"
+    q = P.posthoc_config("r", 0, P.QUICK)
+    assert q.path == "posthoc255" and q.train.steps == 615 and q.parent["step"] == 360
+
+
+def test_experiments_share_runs():
+    """The fade600->0 seed-0 run of Table 1 is the same run (same directory) as Table 2's and Table 3's."""
+    t1 = {run_key(c) for c in P.paths_configs([0], "r", P.FULL, 0)}
+    t2 = {run_key(c) for c in P.controls_configs([0], "r", P.FULL)}
+    t3 = {run_key(c) for c in P.mechanism_configs([0], "r", P.FULL)}
+    assert t3 <= t1 & t2
+    assert len(t1) == 5 and len(t2) == 6
+
+
+@pytest.mark.slow
+def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(P, "QUICK", TINY)
+    rc = main(["reproduce", "controls", "--seeds", "1", "--quick", "--executor", "serial", "--out", str(tmp_path)])
+    assert rc == 0
+    md = (tmp_path / "results.md").read_text()
+    assert "QUICK MODE" in md and "Causal controls" in md and "Claim-by-claim verdict" in md
+    for row in ("fade600->0", "switch@1050", "switch@600", "posthoc", "unforced", "forced_zero"):
+        assert f"| {row} |" in md
+    assert ".734 ± .028" in md  # the paper's number beside ours
+    assert (tmp_path / "table_controls.csv").is_file() and (tmp_path / "report.html").is_file()
+    # tables-only re-run trains nothing and reports the same runs as reused
+    rc = main(["reproduce", "controls", "--seeds", "1", "--quick", "--tables-only", "--out", str(tmp_path)])
+    assert rc == 0
+    assert "6 reused, 0 not trained, 0 failed" in (tmp_path / "results.md").read_text()
+
+
+def test_unknown_experiment_is_an_error(tmp_path, capsys):
+    assert main(["reproduce", "nonsense", "--out", str(tmp_path)]) == 2
+    assert "unknown experiment" in capsys.readouterr().err
+    assert set(EXPERIMENTS) >= {"paths", "controls", "mechanism", "format"}
