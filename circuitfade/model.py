@@ -58,7 +58,7 @@ from transformer_lens.utilities import lm_cross_entropy_loss
 
 from circuitfade import __version__
 from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read_json, save_tensors, write_json
-from circuitfade.priors import PRIORS, PriorInputs, build_prior
+from circuitfade.priors import PRIORS, STATIC_METHODS, PriorInputs, build_prior
 
 __all__ = ["SoftPriorConfig", "SoftPriorTransformer", "GATE_MODES"]
 
@@ -143,6 +143,16 @@ class SoftPriorConfig(HookedTransformerConfig):
     def base(cls, **overrides) -> "SoftPriorConfig":
         """The paper's base model (L=2, d=64, 4 heads, ctx 32, vocab 32)."""
         return cls(**overrides)
+
+    @classmethod
+    def method(cls, name: str, **overrides) -> "SoftPriorConfig":
+        """The config of static baseline ``name`` (a key of :data:`circuitfade.priors.STATIC_METHODS`);
+        ``overrides`` replace the method's own values."""
+        if name not in STATIC_METHODS:
+            raise ValueError(f"unknown static method {name!r}; known methods: {sorted(STATIC_METHODS)}")
+        kw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in STATIC_METHODS[name].items()}
+        kw.update(overrides)
+        return cls(**kw)
 
     @classmethod
     def large(cls, **overrides) -> "SoftPriorConfig":

@@ -181,19 +181,4 @@ STATIC_METHODS: dict[str, dict] = {
 }
 
 
-def method_config(name: str, **overrides):
-    """The ``SoftPriorConfig`` of static baseline ``name`` (a key of :data:`STATIC_METHODS`).
-
-    ``overrides`` are further ``SoftPriorConfig`` fields (e.g. ``n_layers=4``); they
-    replace the method's own values.
-    """
-    if name not in STATIC_METHODS:
-        raise ValueError(f"unknown static method {name!r}; known methods: {sorted(STATIC_METHODS)}")
-    from circuitfade.model import SoftPriorConfig  # model.py imports this module
-
-    kw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in STATIC_METHODS[name].items()}
-    kw.update(overrides)
-    return SoftPriorConfig(**kw)
-
-
 from circuitfade import prior_zoo as _prior_zoo  # noqa: E402,F401  (registers the published priors)

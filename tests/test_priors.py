@@ -16,7 +16,9 @@ import torch
 
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.prior_zoo import alibi_slopes, t5_bucket
-from circuitfade.priors import PRIORS, STATIC_METHODS, PriorInputs, build_prior, method_config
+from circuitfade.priors import PRIORS, STATIC_METHODS, PriorInputs, build_prior
+
+method_config = SoftPriorConfig.method
 
 torch.set_num_threads(1)
 

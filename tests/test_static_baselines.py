@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from circuitfade.experiments import static_baselines as sb
-from circuitfade.priors import STATIC_METHODS, method_config
+from circuitfade.model import SoftPriorConfig
+from circuitfade.priors import STATIC_METHODS
+
+method_config = SoftPriorConfig.method
 from circuitfade.sweep import run_key
 from circuitfade.training import RunConfig, TrainConfig, train
 
@@ -145,7 +148,9 @@ def test_main_writes_results(tmp_path, monkeypatch, capsys):
     assert set(csv.method) == {"nope"} and "acc_normal" in set(csv.metric)
 
 
-def test_step_time_ms_columns():
-    df = sb.step_time_ms(["alibi"], steps=1, rounds=1, warmup=0, batch_size=4)
+def test_step_time_ms_columns_and_threads_restored():
+    before = torch.get_num_threads()
+    df = sb.step_time_ms(["alibi"], steps=1, rounds=1, warmup=0, batch_size=4, threads=1)
     assert list(df.prior) == ["none", "alibi"] and df.ratio.iloc[0] == 1.0 and (df.ms > 0).all()
-    assert torch.get_num_threads() >= 1
+    assert df.ratio.iloc[1] == pytest.approx(df.ms.iloc[1] / df.ms.iloc[0])
+    assert torch.get_num_threads() == before
