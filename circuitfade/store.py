@@ -71,7 +71,7 @@ import torch.nn as nn
 from jaxtyping import Float, Int
 from safetensors import safe_open
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from circuitfade.evaluation import NoGatesError

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from circuitfade.training import RunConfig
 

@@ -37,7 +37,7 @@ from typing import Callable, Mapping
 
 import torch
 from safetensors.torch import load as st_load
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from circuitfade import __version__
 from circuitfade.evaluation import evaluate_conditions

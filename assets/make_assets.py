@@ -1,0 +1,237 @@
+"""Regenerate the shipped example series (``assets/series/``) and the README figures (``assets/figures/``).
+
+    python assets/make_assets.py                      # train (or reuse) the two runs, copy, trace, plot
+    python assets/make_assets.py --wait 2400          # wait up to 40 min for a sweep already training them
+
+Two full runs on associative recall, seed 0, default ``TrainConfig`` (3,600 steps,
+a checkpoint every 300): ``unforced`` and ``fade600->0``. They are trained with
+:func:`circuitfade.sweep.run_sweep` into ``--root`` (default ``results/runs``, the
+sweep root of ``circuitfade reproduce``), so finished runs are reused, never retrained.
+With ``--wait S`` the script first waits (polling every 30 s, up to ``S`` seconds)
+for another process - e.g. a running ``circuitfade reproduce`` - to finish them,
+and stops rather than training into a directory someone else is writing.
+
+Each run is copied to ``assets/series/<name>/`` (``config.json``, ``metrics.csv``,
+``done.json``, ``checkpoints/step_XXXXXX.safetensors``): weights only, without the
+optimizer state files, so the whole series is a few MB. ``circuitfade.store.attach``
+opens such a copy like any run directory.
+
+Figures (``assets/figures/``), traced from the *copies* with
+:func:`circuitfade.analysis.head_diagnostics` at every checkpoint:
+
+* ``fade600to0_ablation_importance_heatmap`` / ``fade600to0_successor_mass_heatmap``:
+  per-head heatmaps with a step slider;
+* ``fade600to0_timeline_successor_mass`` / ``fade600to0_timeline_ablation_importance``:
+  the consolidation timeline (per-head lines, gate overlaid, threshold crossings);
+* ``training_curves_unforced`` / ``training_curves_fade600to0``;
+* ``unforced_gate_interventions``: accuracy with each gate zeroed at the final step.
+
+HTML files load plotly.js from its CDN to stay small (``--embed-plotlyjs`` embeds it,
+about 4.8 MB per file); PNG versions are written when the optional ``kaleido==0.2.1``
+(which bundles its own Chromium) is importable - it is never a package dependency.
+The consolidation timeline table is printed and saved as ``consolidation_timeline.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from circuitfade import plots
+from circuitfade.analysis import (
+    ABLATION_IMPORTANCE,
+    DEFAULT_THRESHOLDS,
+    SUCCESSOR_MASS,
+    consolidation_timeline,
+    gate_intervention_table,
+    head_diagnostics,
+)
+from circuitfade.report import markdown_table
+from circuitfade.store import attach, trace
+from circuitfade.sweep import run_dir_for, run_sweep
+from circuitfade.tasks import eval_set
+from circuitfade.training import CKPT_DIR, EVAL_SEED, RunConfig, TrainConfig, read_metrics
+
+ASSETS = Path(__file__).resolve().parent
+RUNS = {"unforced": "unforced", "fade600to0": "fade600->0"}
+"""Asset name -> gate path of the shipped runs."""
+POLL_S = 30
+MAX_MB = 8.0
+
+
+def configs(quick: bool = False) -> dict[str, RunConfig]:
+    """The shipped runs' configs (``quick``: 600 steps, a checkpoint every 150 - for trying the script)."""
+    if quick:
+        tc = TrainConfig(steps=600, checkpoint_every=150)
+        return {"unforced": RunConfig(path="unforced", train=tc, seed=0),
+                "fade600to0": RunConfig(path="fade150+150->0", train=tc, seed=0)}
+    return {name: RunConfig(path=path, seed=0) for name, path in RUNS.items()}
+
+
+def wait_for(run_dirs: list[Path], timeout_s: float) -> bool:
+    """Poll every 30 s until every ``run_dir/done.json`` exists; False after ``timeout_s``."""
+    t0 = time.time()
+    while True:
+        missing = [d for d in run_dirs if not (d / "done.json").is_file()]
+        if not missing:
+            return True
+        if time.time() - t0 >= timeout_s:
+            return False
+        print(f"waiting for {', '.join(d.name for d in missing)} ({time.time() - t0:.0f} s)", flush=True)
+        time.sleep(POLL_S)
+
+
+def copy_run(run_dir: Path, dest: Path) -> Path:
+    """Copy config, metrics, done marker and the weight files (no optimizer state) to ``dest``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    (dest / CKPT_DIR).mkdir(parents=True)
+    for name in ("config.json", "metrics.csv", "done.json"):
+        shutil.copy2(run_dir / name, dest / name)
+    for f in sorted((run_dir / CKPT_DIR).glob("step_*.safetensors")):
+        if not f.name.endswith(".state.safetensors"):
+            shutil.copy2(f, dest / CKPT_DIR / f.name)
+    return dest
+
+
+def _png_exporter():
+    """A ``fig -> png bytes`` function using kaleido 0.2.1 offline, or ``None`` with the reason."""
+    try:
+        import os
+
+        import plotly
+        from kaleido.scopes.plotly import PlotlyScope
+    except ImportError as e:
+        return None, f"kaleido not importable ({e}); pip install kaleido==0.2.1 to get PNGs"
+    js = Path(os.path.dirname(plotly.__file__)) / "package_data" / "plotly.min.js"
+    try:  # plotly's own plotly.js, so kaleido never reaches for the CDN
+        scope = PlotlyScope(plotlyjs=str(js), mathjax=False)
+
+        def export(fig):
+            height = int(fig.layout.height or 450)
+            return scope.transform(json.loads(fig.to_json()), format="png", width=900, height=height, scale=1)
+
+        export(plots.go.Figure())  # fails here, not mid-way, if Chromium cannot start
+        return export, None
+    except Exception as e:  # noqa: BLE001 - PNGs are optional
+        return None, f"kaleido could not export ({type(e).__name__}: {e})"
+
+
+def write_figures(figures: dict, out: Path, *, embed: bool) -> list[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    export, why = _png_exporter()
+    if export is None:
+        print(f"PNG export skipped: {why}")
+    written = []
+    for name, fig in figures.items():
+        fig.write_html(out / f"{name}.html", include_plotlyjs=True if embed else "cdn")
+        written.append(f"{name}.html")
+        if export is not None:
+            (out / f"{name}.png").write_bytes(export(fig))
+            written.append(f"{name}.png")
+    return written
+
+
+def make_figures(series_dirs: dict[str, Path], out: Path, *, n: int, embed: bool) -> dict:
+    """Trace the fade series, build the timeline table and every README figure."""
+    fade = attach(series_dirs["fade600to0"])
+    unforced = attach(series_dirs["unforced"])
+    task = fade.task
+    batch = eval_set(task, n=n, seed=EVAL_SEED)
+    t0 = time.time()
+    traced = trace(fade, {"head_diagnostics": head_diagnostics}, task, batch=batch)
+    trace_s = time.time() - t0
+    gz = fade.gate_zero_step()
+    timeline = consolidation_timeline(traced, gate_zero_step=gz)
+    metrics = {name: read_metrics(d) for name, d in series_dirs.items()}
+    gate = metrics["fade600to0"][["step", "gate_pos", "gate_content"]]
+    final = unforced[unforced.steps[-1]]
+    interventions = gate_intervention_table(final, unforced.task, batch=eval_set(unforced.task, n=n, seed=EVAL_SEED))
+    interventions.insert(0, "step", unforced.steps[-1])
+
+    figures = {
+        "fade600to0_ablation_importance_heatmap": plots.head_heatmap(traced, ABLATION_IMPORTANCE),
+        "fade600to0_successor_mass_heatmap": plots.head_heatmap(traced, SUCCESSOR_MASS),
+    }
+    for metric in (SUCCESSOR_MASS, ABLATION_IMPORTANCE):
+        fig = plots.head_timeline(traced, metric, gate=gate, threshold=DEFAULT_THRESHOLDS[metric], gate_zero_step=gz)
+        figures[f"fade600to0_timeline_{metric}"] = fig
+    paths = {"fade600to0": fade.metadata["path"], "unforced": unforced.metadata["path"]}
+    for name, m in metrics.items():
+        fig = plots.training_curves(m)
+        fig.update_layout(title=dict(text=f"Evaluation during training: {paths[name]} (seed 0)"))
+        figures[f"training_curves_{name}"] = fig
+    figures["unforced_gate_interventions"] = plots.gate_intervention_bar(interventions, chance=task.chance).update_layout(
+        title=dict(text="unforced run, final checkpoint: gates zeroed at evaluation"))
+
+    written = write_figures(figures, out, embed=embed)
+    table = markdown_table(timeline)
+    (out / "consolidation_timeline.md").write_text(
+        f"Consolidation timeline of `assets/series/fade600to0` (head_diagnostics, n = {n}, "
+        f"every checkpoint; thresholds {DEFAULT_THRESHOLDS}):\n\n{table}\n\n"
+        f"Gate interventions of `assets/series/unforced` at step {unforced.steps[-1]}:\n\n"
+        f"{markdown_table(interventions)}\n"
+    )
+    return {"timeline": timeline, "table": table, "interventions": interventions, "trace_s": trace_s,
+            "n_checkpoints": len(fade), "written": written}
+
+
+def _size_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default="results/runs", help="sweep root the runs are trained into (default results/runs)")
+    ap.add_argument("--out", default=str(ASSETS), help="assets folder to write (default: this script's folder)")
+    ap.add_argument("--wait", type=float, default=0.0, metavar="S",
+                    help="wait up to S seconds for another process to finish the runs instead of training them")
+    ap.add_argument("--n", type=int, default=256, help="evaluation examples for tracing (default 256)")
+    ap.add_argument("--workers", type=int, default=2, help="training processes (default 2)")
+    ap.add_argument("--embed-plotlyjs", action="store_true", help="embed plotly.js in each HTML (offline, ~4.8 MB each)")
+    ap.add_argument("--quick", action="store_true", help="600-step runs, for trying the script (not for shipping)")
+    ns = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    t_start = time.time()
+
+    cfgs = configs(ns.quick)
+    run_dirs = {name: run_dir_for(ns.root, c) for name, c in cfgs.items()}
+    for name, d in run_dirs.items():
+        print(f"{name}: {cfgs[name].path} -> {d}")
+    if ns.wait > 0 and not wait_for(list(run_dirs.values()), ns.wait):
+        print(f"runs not finished after {ns.wait:.0f} s; not training them here (another process may be). "
+              "Rerun later, or without --wait to train them.", file=sys.stderr)
+        return 1
+    results = run_sweep(list(cfgs.values()), ns.root, workers=ns.workers)
+    failed = results[results["status"] == "failed"]
+    if len(failed):
+        print(failed[["run", "error"]].to_string(), file=sys.stderr)
+        return 1
+
+    out = Path(ns.out)
+    series_dirs = {name: copy_run(d, out / "series" / name) for name, d in run_dirs.items()}
+    res = make_figures(series_dirs, out / "figures", n=ns.n, embed=ns.embed_plotlyjs)
+
+    print(f"\nConsolidation timeline of {series_dirs['fade600to0']} "
+          f"({res['n_checkpoints']} checkpoints, n = {ns.n}; traced in {res['trace_s']:.1f} s):\n")
+    print(res["table"])
+    print("\nGate interventions, unforced, final checkpoint:\n")
+    print(markdown_table(res["interventions"]))
+    print(f"\nfigures: {', '.join(res['written'])}")
+    total = _size_mb(out / "series") + _size_mb(out / "figures")
+    print(f"sizes: series {_size_mb(out / 'series'):.2f} MB, figures {_size_mb(out / 'figures'):.2f} MB, "
+          f"total {total:.2f} MB (limit {MAX_MB:g} MB); {time.time() - t_start:.0f} s in all")
+    if total > MAX_MB:
+        print(f"assets exceed {MAX_MB:g} MB", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
