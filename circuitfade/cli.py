@@ -88,6 +88,10 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 # Subcommands whose argument parsing lives in their own module: name -> (module, function, help)
 DELEGATED = {
     "reproduce": ("circuitfade.experiments.reproduce", "main", "run the main paper's experiments, write results.md"),
+    "history": ("circuitfade.experiments.history", "main",
+                "history dependence between in-context and in-weights learning (balanced mix schedules)"),
+    "screen": ("circuitfade.experiments.development", "main",
+               "screen a revision series for induction / previous-token / BOS heads, write an HTML report"),
     "analyze": ("circuitfade.report", "analyze_main",
                 "trace head diagnostics over a run's checkpoints, print the consolidation timeline, write an HTML report"),
 }

@@ -379,7 +379,8 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
     """Train ``cfg`` into ``run_dir`` (resuming or returning a finished run as needed).
 
     With ``run_dir=None`` nothing is written (handy in notebooks and tests); an
-    in-memory ``run`` (e.g. a clone made with :func:`clone_run`) can then be continued.
+    in-memory ``run`` (e.g. a clone made with :func:`clone_run`) is then continued
+    under ``cfg`` (its ``train.steps`` is where it stops).
     ``sampler`` replaces the default batch source (see :func:`fit`).
     """
     task = cfg.make_task()
@@ -387,6 +388,8 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
     if run_dir is None:
         if cfg.parent:
             raise ValueError("a branch needs a run directory to read its parent from")
+        if run is not None:
+            run.config = cfg
         return fit(run or new_run(cfg), None, task, ev, progress=progress, sampler=sampler)
     run_dir = Path(run_dir)
     state = _prepare_dir(cfg, run_dir)

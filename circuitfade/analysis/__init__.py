@@ -6,7 +6,12 @@ tensors or tidy DataFrames (main paper Sections 6 and 9).
 * :mod:`~circuitfade.analysis.heads` - per-head successor-value mass and mean-ablation
   importance, for any TransformerLens ``HookedTransformer`` (Section 9);
 * :mod:`~circuitfade.analysis.timeline` - threshold crossings of traced head metrics
-  over a checkpoint series (Table 3).
+  over a checkpoint series (Table 3);
+* :mod:`~circuitfade.analysis.screens` - induction / previous-token / BOS-attractor
+  screens with capability selectivity;
+* :mod:`~circuitfade.analysis.spectra` - participation ratio of head outputs and weights;
+* :mod:`~circuitfade.analysis.patching` - residual-stream activation patching and
+  mean replacement between two models.
 """
 
 from circuitfade.analysis.gates import (
@@ -27,6 +32,16 @@ from circuitfade.analysis.heads import (
     per_head_frame,
     successor_value_mass,
 )
+from circuitfade.analysis.patching import mean_replacement, patch_resid, patched_logits
+from circuitfade.analysis.screens import (
+    DEFAULT_THRESHOLDS as SCREEN_THRESHOLDS,
+    bos_score,
+    capability_selectivity,
+    classify_heads,
+    induction_score,
+    previous_token_score,
+)
+from circuitfade.analysis.spectra import elevated_pr, head_output_pr, participation_ratio, weight_pr
 from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, consolidation_timeline, timeline_long, top_heads
 
 __all__ = [
@@ -36,6 +51,19 @@ __all__ = [
     "PRIOR_LABELS",
     "SUCCESSOR_MASS",
     "NoGatesError",
+    "SCREEN_THRESHOLDS",
+    "bos_score",
+    "capability_selectivity",
+    "classify_heads",
+    "elevated_pr",
+    "head_output_pr",
+    "induction_score",
+    "mean_replacement",
+    "participation_ratio",
+    "patch_resid",
+    "patched_logits",
+    "previous_token_score",
+    "weight_pr",
     "consolidation_timeline",
     "describe_gates",
     "evaluate",

@@ -451,6 +451,11 @@ def summary_table(per_seed: pd.DataFrame, hc: HistoryConfig) -> pd.DataFrame:
             ("same_dominant_head", "same dominant head in both histories (fraction of seeds)"),
             ("margin_from_below", "margin, from below (conflict trials)"),
             ("margin_from_above", "margin, from above (conflict trials)"),
+            ("acc_context_from_below", "accuracy under the context rule, from below (conflict trials)"),
+            ("acc_context_from_above", "accuracy under the context rule, from above (conflict trials)"),
+            ("acc_fixed_from_below", "accuracy under the fixed rule, from below (conflict trials)"),
+            ("acc_fixed_from_above", "accuracy under the fixed rule, from above (conflict trials)"),
+            ("anchor_margin", "anchor: margin at p0 (conflict trials)"),
             ("anchor_acc_either", "anchor: argmax is one of the two rule answers (conflict trials)"),
             ("anchor_loss_excess", "anchor: loss above the Bayes optimum (nats)")]
     for key, label in qty:
@@ -515,8 +520,9 @@ def to_markdown(per_seed: pd.DataFrame, summary: pd.DataFrame, hc: HistoryConfig
     for j in hc.relax_steps:
         if j and f"gap_r{j}" in g.index:
             r = g.loc[f"gap_r{j}"]
-            lines.append(f"- Gap after {j} updates at p0: {r['mean']:+.4f} [{r['ci_lo']:+.4f}, {r['ci_hi']:+.4f}] "
-                         f"(study: {STUDY.get(f'gap_r{j}', '—')}).")
+            ci = "" if math.isnan(r["ci_lo"]) else f" [{r['ci_lo']:+.4f}, {r['ci_hi']:+.4f}]"
+            lines.append(f"- Gap after {j} updates at p0: {r['mean']:+.4f}{ci}, {int(r['n_positive'])}/{int(r['n'])} "
+                         f"seeds positive (study: {STUDY.get(f'gap_r{j}', '—')}).")
     if "frac_removed_all_heads" in g.index:
         lines.append(f"- All query-position heads mean-replaced: per-seed mean fraction removed "
                      f"{g.loc['frac_removed_all_heads', 'mean']:.3f}; pooled "
@@ -618,7 +624,7 @@ def run(seeds: int | Sequence[int] = 5, out: str | Path | None = "results/histor
         torch.set_num_threads(threads)
     t0 = time.time()
     try:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         parts = [run_seed(s, hc, progress=progress) for s in tqdm(seeds, disable=not progress, desc="history seeds")]
     finally:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from .ambiguous import AmbiguousBatch, AmbiguousRecall, AmbiguousRecallConfig
 from .assoc import AssocRecall, AssocRecallConfig
 from .base import IGNORE_INDEX, Batch, Task, eval_set
 from .linreg import LinearRegressionICL, LinRegConfig, RegressionBatch
 from .markov import MarkovInduction, MarkovInductionConfig
+from .repeats import Repeats, RepeatsConfig
 
 TaskFactory = Callable[..., Task]
 
@@ -71,8 +73,13 @@ def make_task(name: str, **kwargs: Any) -> Task:
 register_task("assoc", config_factory(AssocRecall, AssocRecallConfig))
 register_task("markov", config_factory(MarkovInduction, MarkovInductionConfig))
 register_task("linreg", config_factory(LinearRegressionICL, LinRegConfig))
+register_task("repeats", config_factory(Repeats, RepeatsConfig))
+register_task("ambiguous", config_factory(AmbiguousRecall, AmbiguousRecallConfig))
 
 __all__ = [
+    "AmbiguousBatch",
+    "AmbiguousRecall",
+    "AmbiguousRecallConfig",
     "IGNORE_INDEX",
     "AssocRecall",
     "AssocRecallConfig",
