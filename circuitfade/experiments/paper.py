@@ -191,11 +191,9 @@ def mean_sd(x) -> str:
 
 
 def md_table(df: pd.DataFrame) -> str:
-    cols = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        lines.append("| " + " | ".join("" if (isinstance(v, float) and np.isnan(v)) else str(v) for v in r.values) + " |")
-    return "\n".join(lines)
+    from circuitfade.report import markdown_table
+
+    return markdown_table(df)
 
 
 def _results_for(results: pd.DataFrame, root, cfgs: list[RunConfig]) -> pd.DataFrame:

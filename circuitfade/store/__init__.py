@@ -1,0 +1,74 @@
+"""Checkpoint series: circuitfade runs and anyone's own checkpoints, traced the same way.
+
+A :class:`CheckpointSeries` is a lazy, ordered sequence of ``(step, model)``
+snapshots. Each snapshot is a :class:`Snapshot` (a step, a zero-argument loader
+and a ``source`` string for error messages); a model is built only when asked
+for, so iterating holds one model in memory at a time::
+
+    series = attach("runs/fade600-s0")          # a circuitfade run directory
+    series = attach("my_ckpts/", config=cfg)    # your HookedTransformer state dicts
+    series = attach("pythia-revisions/")        # local Hugging Face model folders
+    series = attach([model_a, model_b])         # models already in memory
+
+    for step, model in series.range(0, 1200):   # eval-mode models, loaded one by one
+        ...
+    df = trace(series, {"loss": loss_fn, "prev": prev_token_scores}, task)
+
+Source kinds :func:`attach` accepts (dispatched in this order):
+
+1. a **circuitfade run directory** (``config.json`` with the run keys and a
+   ``checkpoints/`` folder; :func:`open_run`);
+2. a **single local Hugging Face model directory** (``config.json`` with
+   ``model_type``/``architectures`` and weights written by ``save_pretrained``);
+3. a **folder of Hugging Face model directories**, one per revision
+   (``step1000/``, ``step2000/``, ...; :func:`load_hf_local`);
+4. a **folder of state-dict files** (``.pt``/``.pth``/``.bin``/``.safetensors``)
+   of a ``HookedTransformer`` (or ``SoftPriorTransformer``) whose config is given
+   with ``config=`` or sits next to them as ``config.json``; a single such file; a
+   list of such files; a dict ``{step: file}``;
+5. **in-memory models**: one model, a list/tuple (steps ``0..n-1`` unless
+   ``steps=``), or a dict ``{step: model}``.
+
+Steps of files and folders are the last integer in the file stem / folder name
+(``ckpt_step1200.pt`` -> 1200, ``model-000300.safetensors`` -> 300,
+``revision-2000/`` -> 2000) unless ``steps=`` gives them, in natural-sort order
+of the names.
+
+Validation is **eager and cheap**: :func:`attach` reads every state-dict file's
+*header* (names and shapes; safetensors header or a memory-mapped weights-only
+``torch.load``, no tensor data) and checks it against the config, and reads every
+Hugging Face ``config.json``, so a foreign, truncated, pickled-code or
+wrongly-shaped file fails at attach time with a :class:`~circuitfade.io.CheckpointError`
+naming the file. Weights are read in full (and checked again) only when a
+snapshot is loaded. Nothing here touches the network: Hugging Face folders are
+read with ``local_files_only=True`` and a hub id is never passed anywhere.
+
+:func:`trace` maps metric functions over a series into one tidy DataFrame with
+columns ``step, layer, head, metric, value, note`` plus the series metadata
+(``run, run_dir, path, seed, task`` for circuitfade runs).
+"""
+
+from __future__ import annotations
+
+from .hf import SUPPORTED_HF_ARCHITECTURES, load_hf_local
+from .runs import is_run_dir, open_run
+from .series import CheckpointSeries, Snapshot
+from .sources import WEIGHT_SUFFIXES, attach
+from .tracing import TRACE_COLUMNS, MetricOutput, NoGates, NoGatesError, PerHead, trace
+
+__all__ = [
+    "Snapshot",
+    "CheckpointSeries",
+    "NoGates",
+    "NoGatesError",
+    "open_run",
+    "is_run_dir",
+    "attach",
+    "load_hf_local",
+    "SUPPORTED_HF_ARCHITECTURES",
+    "WEIGHT_SUFFIXES",
+    "trace",
+    "TRACE_COLUMNS",
+    "PerHead",
+    "MetricOutput",
+]

@@ -1,0 +1,115 @@
+"""circuitfade run directories as checkpoint series: :func:`open_run`, :func:`is_run_dir`."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.nn as nn
+
+from circuitfade.io import CheckpointError, read_json
+from circuitfade.model import SoftPriorTransformer
+from circuitfade.training import CKPT_DIR, RunConfig
+
+from .series import CheckpointSeries, Snapshot
+
+_RUN_KEYS = frozenset({"path", "task", "model", "train", "seed"})
+
+
+# --------------------------------------------------------------------------------------
+# circuitfade runs
+# --------------------------------------------------------------------------------------
+def _read_config_json(folder: Path):
+    """The parsed ``folder/config.json``, or ``None`` if it is missing or unreadable."""
+    f = folder / "config.json"
+    if not f.is_file():
+        return None
+    try:
+        return read_json(f)
+    except CheckpointError:
+        return None
+
+
+def _read_run_config(run_dir: Path) -> RunConfig | None:
+    f = run_dir / "config.json"
+    d = _read_config_json(run_dir)
+    if not isinstance(d, dict) or not _RUN_KEYS <= set(d):
+        return None
+    try:
+        return RunConfig.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{f}: looks like a circuitfade run config but is invalid: {e}") from None
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """True if ``path`` is a directory with a circuitfade run ``config.json``."""
+    path = Path(path)
+    return path.is_dir() and _read_run_config(path) is not None
+
+
+_RUN_WEIGHTS = re.compile(r"step_(\d+)\.safetensors")
+
+
+def _run_weight_files(ckpt_dir: Path) -> dict[int, Path]:
+    """``{step: file}`` of the weight files ``step_XXXXXX.safetensors`` in ``ckpt_dir`` (state files excluded)."""
+    if not ckpt_dir.is_dir():
+        return {}
+    found = {int(m.group(1)): f for f in ckpt_dir.iterdir() if (m := _RUN_WEIGHTS.fullmatch(f.name)) and f.is_file()}
+    return dict(sorted(found.items()))
+
+
+def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSeries:
+    """The checkpoints of a circuitfade run directory as a :class:`CheckpointSeries`.
+
+    The snapshots are the weight files ``checkpoints/step_XXXXXX.safetensors`` (the
+    ``.state.safetensors`` optimizer/RNG files beside them are not needed, so a
+    weights-only copy of a run - such as the shipped ``assets/series/`` - opens too;
+    training writes the state file first, so every weight file of a run in progress
+    is a finished checkpoint). Resuming training still needs both files
+    (:func:`circuitfade.training.complete_checkpoints`).
+
+    Each model is rebuilt from ``config.json`` (``RunConfig.model_config()``) and its
+    weights loaded with ``SoftPriorTransformer.load_weights`` (checked keys/shapes).
+    Metadata: ``run`` (directory name), ``run_dir`` (absolute path), ``path`` (gate
+    path name), ``seed``, ``task`` (task name); ``series.task`` is the run's task and
+    ``series.gate_path`` its gate path. Raises :class:`CheckpointError` if
+    ``run_dir`` is not a run or holds no complete checkpoint.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: not a directory; expected a circuitfade run directory")
+    cfg = _read_run_config(run_dir)
+    if cfg is None:
+        raise CheckpointError(
+            f"{run_dir}: not a circuitfade run directory (expected config.json with keys {sorted(_RUN_KEYS)} "
+            f"and a {CKPT_DIR}/ folder)"
+        )
+    files = _run_weight_files(run_dir / CKPT_DIR)
+    if not files:
+        raise CheckpointError(
+            f"{run_dir}: circuitfade run without complete checkpoints (no step_XXXXXX.safetensors weight files "
+            f"in {CKPT_DIR}/)"
+        )
+    model_cfg = dataclasses.replace(cfg.model_config(), device=device or "cpu")
+
+    def loader(file: Path) -> Callable[[], nn.Module]:
+        def load() -> nn.Module:
+            model = SoftPriorTransformer(model_cfg)
+            model.load_weights(file)
+            return model.to(device or "cpu", print_details=False)
+        return load
+
+    snaps = [Snapshot(s, loader(f), str(f)) for s, f in files.items()]
+    path = cfg.gate_path()
+    start = int((cfg.parent or {}).get("step", 0))
+    meta = {
+        "run": run_dir.resolve().name,
+        "run_dir": str(run_dir.resolve()),
+        "path": path.name,
+        "seed": cfg.seed,
+        "task": cfg.task["name"],
+    }
+    return CheckpointSeries(snaps, meta, task=cfg.make_task(), gate_path=path,
+                            gate_span=(start, cfg.train.steps), source=str(run_dir))
