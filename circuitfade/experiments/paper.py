@@ -240,9 +240,12 @@ def paths_table(results, root, b: Budget, seeds, large_seeds=None):
     lab = _label_path(b)
     t_base = _acc_rows(base, lab, PAPER_T1_BASE)
     t_large = _acc_rows(large, lab, PAPER_T1_LARGE)
-    t_base.insert(0, "model", "base L=2 d=64")
-    t_large.insert(0, "model", "large L=4 d=128")
-    df = pd.concat([t_base, t_large], ignore_index=True)
+    parts = []
+    for t, name in ((t_base, "base L=2 d=64"), (t_large, "large L=4 d=128")):
+        if len(t):
+            t.insert(0, "model", name)
+            parts.append(t)
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     return df, md_table(df)
 
 
