@@ -1,0 +1,462 @@
+"""Developmental screens of a revision series: ``circuitfade screen SERIES``.
+
+The developmental-trajectory paper (issue 6) screens every attention head of
+Pythia / OLMo at 10 log-spaced revisions. This module runs that protocol on any
+local series and, with no download, on a small model grown here:
+
+* :func:`build_local_series` trains a 2-layer language model (MLPs, BOS token,
+  learned absolute positional embeddings, no attention priors, no LayerNorm: see
+  :data:`LOCAL_MODEL`) with the circuitfade trainer on the ``repeats`` corpus
+  (:mod:`circuitfade.tasks.repeats`: random text with a repeated span, bigram copies
+  and a skip-bigram rule), checkpointed at log-spaced steps: previous-token heads form
+  first, then induction heads on top of them;
+* :func:`run` attaches a series (a run directory, a folder of Hugging Face model
+  folders, a folder of state dicts, or a :class:`~circuitfade.store.CheckpointSeries`),
+  checks its integrity, screens every revision
+  (:func:`~circuitfade.analysis.development.screen_series`), computes the series-level
+  tables and writes an HTML report (class fractions over steps, per-revision heatmaps
+  of induction selectivity with a slider, PR timelines with the selectivity crossing
+  marked) plus one CSV per table;
+* :func:`main` is the command line ``circuitfade screen SERIES [--out report.html]
+  [--bos ID] [--n N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from circuitfade.analysis.development import (
+    PR_METRIC,
+    class_fractions,
+    convergence_summary,
+    emergence_shape,
+    layer_counts,
+    per_head,
+    pr_lead_test,
+    screen_series,
+    set_convergence,
+    zero_layers,
+)
+from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCORES
+from circuitfade.analysis.spectra import elevated_pr
+from circuitfade.io import atomic_write
+from circuitfade.store import CheckpointSeries, attach
+from circuitfade.training import RunConfig, TrainConfig, train
+
+__all__ = [
+    "LOCAL_STEPS",
+    "LOCAL_MODEL",
+    "LOCAL_TASK",
+    "local_run_config",
+    "log_checkpoints",
+    "build_local_series",
+    "run",
+    "figures",
+    "fraction_figure",
+    "heatmap_figure",
+    "pr_figure",
+    "report_html",
+    "build_parser",
+    "main",
+]
+
+LOCAL_STEPS = 3000
+"""Training steps of the full local series (about a minute on one CPU core)."""
+
+LOCAL_MODEL = {
+    "n_layers": 2,
+    "n_heads": 4,
+    "d_model": 64,
+    "d_head": 16,
+    "d_mlp": 256,
+    "attn_only": False,
+    "positional_embedding_type": "standard",
+    "normalization_type": None,
+    "priors": [],
+}
+"""The local model: a plain 2-layer transformer with MLPs, learned absolute positional
+embeddings, no attention priors and no LayerNorm (``d_vocab`` and ``n_ctx`` come from
+the task: 64 ordinary tokens + BOS, context 32).
+
+No LayerNorm, because with pre-LN this small model (and the same model with rotary
+embeddings, or with 2 or 1 heads per layer) consistently learned a *shifted*
+induction circuit instead: its layer-1 heads attend to the position one *after* the
+induction target and read the answer from a layer-0 previous-token head's output
+there, so the screen's induction score (attention from ``t`` to ``t - L + 1``) does not
+count them. Without LayerNorm the raw token embeddings keep their weight in the
+residual stream and the classic circuit (a layer-0 previous-token head, a layer-1
+head attending to ``t - L + 1``) forms."""
+
+LOCAL_TASK = {"name": "repeats", "d_vocab": 64, "seq_len": 32, "min_span": 2, "max_span": 15, "skip_p": 0.5,
+              "copy_p": 0.3, "score": "all"}
+"""The local corpus (see :class:`~circuitfade.tasks.repeats.Repeats`): one repeated span
+of 2-15 tokens, bigram copies (``copy_p``), a skip-bigram rule (``skip_p``) that
+rewards previous-token heads; next-token loss at every position."""
+
+
+def log_checkpoints(steps: int, n: int = 12, first: int = 10) -> tuple[int, ...]:
+    """About ``n`` checkpoint steps log-spaced from ``first`` to ``steps`` (0 is added by the trainer).
+
+    ``round(geomspace(first, steps, n))``, deduplicated and sorted.
+    """
+    if steps < 1 or n < 2 or first < 1:
+        raise ValueError(f"need steps >= 1, n >= 2, first >= 1; got steps={steps}, n={n}, first={first}")
+    first = min(first, steps)
+    return tuple(sorted({int(round(x)) for x in np.geomspace(first, steps, n)}))
+
+
+def local_run_config(steps: int = LOCAL_STEPS, *, seed: int = 0, n_checkpoints: int = 12) -> RunConfig:
+    """The :class:`~circuitfade.training.RunConfig` of the local developing series.
+
+    AdamW, lr 3e-3, batch 32, no gates (path ``"unforced"`` with no priors), eval on
+    256 sequences every ``max(10, steps // 20)`` steps, checkpoints at step 0 and at
+    :func:`log_checkpoints` ``(steps, n_checkpoints)``.
+    """
+    train_cfg = TrainConfig(
+        steps=steps, batch_size=32, lr=3e-3, eval_every=max(10, steps // 20), eval_size=256,
+        checkpoint_every=steps, extra_checkpoints=log_checkpoints(steps, n_checkpoints),
+        eval_conditions=("normal",),
+    )
+    return RunConfig(path="unforced", task=dict(LOCAL_TASK), model=dict(LOCAL_MODEL), train=train_cfg, seed=seed)
+
+
+def build_local_series(out: str | Path, *, steps: int = LOCAL_STEPS, seed: int = 0, n_checkpoints: int = 12,
+                       progress: bool = False) -> Path:
+    """Train the local developing series into the run directory ``out`` and return it.
+
+    See :func:`local_run_config`. A finished run in ``out`` is reused (the trainer
+    resumes an interrupted one). Set ``torch.set_num_threads(1)`` first for the
+    timings quoted in :data:`LOCAL_STEPS`.
+    """
+    out = Path(out)
+    train(local_run_config(steps, seed=seed, n_checkpoints=n_checkpoints), out, progress=progress)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# the protocol
+# --------------------------------------------------------------------------------------
+def _series(source) -> CheckpointSeries:
+    return source if isinstance(source, CheckpointSeries) else attach(source)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    full = [f for f in frames if len(f)]
+    return pd.concat(full, ignore_index=True) if full else frames[0]
+
+
+def run(
+    series_or_run_dir,
+    out: str | Path | None = None,
+    *,
+    n: int = 32,
+    seq_len: int | None = None,
+    bos: int | None = None,
+    seed: int = 0,
+    thresholds: Mapping[str, float] | None = None,
+    jaccard_threshold: float = 0.8,
+    html_name: str = "report.html",
+    progress: bool = True,
+) -> dict[str, pd.DataFrame]:
+    """Screen every revision of a series and compute the series-level tables.
+
+    Steps: attach (unless given a series), :func:`~circuitfade.revisions.check_integrity`,
+    :func:`~circuitfade.analysis.development.screen_series` (bad revisions skipped with a
+    warning), then the tables. Returns ``{"integrity", "screen", "class_fractions",
+    "emergence_shape", "layer_counts", "zero_layers", "set_convergence",
+    "convergence_summary", "pr_lead", "pr_lead_all"}`` (``pr_lead``: the final induction
+    heads; ``pr_lead_all``: the same test for the final heads of every class). With
+    ``out`` (a folder), writes
+    ``out/<html_name>`` and ``out/<table>.csv`` for each table.
+    """
+    series = _series(series_or_run_dir)
+    screen = screen_series(series, n=n, seq_len=seq_len, bos=bos, seed=seed, thresholds=thresholds,
+                           integrity=True, progress=progress)
+    integrity = screen.attrs["integrity"]
+    fractions = class_fractions(screen)
+    counts = layer_counts(screen)
+    conv = set_convergence(screen, jaccard_threshold=jaccard_threshold)
+    tables = {
+        "integrity": integrity,
+        "screen": screen,
+        "class_fractions": fractions,
+        "emergence_shape": emergence_shape(fractions),
+        "layer_counts": counts,
+        "zero_layers": zero_layers(counts),
+        "set_convergence": conv,
+        "convergence_summary": convergence_summary(conv),
+        "pr_lead": pr_lead_test(screen),
+        "pr_lead_all": _concat([pr_lead_test(screen, cls=c) for c in SCORES]),
+    }
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, df in tables.items():
+            atomic_write(out / f"{name}.csv", df.to_csv(index=False).encode())
+        meta = {"source": str(series.source), "n": n, "bos": bos if bos is not None else
+                getattr(series.task, "bos_token", None), "thresholds": {**DEFAULT_THRESHOLDS, **(thresholds or {})}}
+        atomic_write(out / html_name, report_html(tables, meta=meta).encode())
+    return tables
+
+
+# --------------------------------------------------------------------------------------
+# figures (plotly, from finished tables)
+# --------------------------------------------------------------------------------------
+_COLORS = {"induction": "#d62728", "previous_token": "#1f77b4", "bos": "#7f7f7f"}
+
+
+def _step_axis(steps) -> dict:
+    steps = [int(s) for s in steps]
+    return dict(title="revision (training step)", tickmode="array", tickvals=list(range(len(steps))),
+                ticktext=[str(s) for s in steps])
+
+
+def fraction_figure(fractions: pd.DataFrame, shapes: pd.DataFrame | None = None) -> go.Figure:
+    """Whole-model fraction of heads in each class per revision (revisions evenly spaced)."""
+    steps = sorted(fractions["step"].unique())
+    pos = {s: i for i, s in enumerate(steps)}
+    fig = go.Figure()
+    shape_of = {} if shapes is None else dict(zip(shapes["class"], shapes["shape"]))
+    for c, g in fractions.groupby("class", sort=False):
+        g = g.sort_values("step")
+        label = f"{c} ({shape_of[c]})" if c in shape_of else c
+        fig.add_trace(go.Scatter(x=[pos[s] for s in g["step"]], y=g["fraction"], mode="lines+markers", name=label,
+                                 line=dict(color=_COLORS.get(c)), customdata=g["step"],
+                                 hovertemplate="step %{customdata}: %{y:.3f}<extra>" + c + "</extra>"))
+    fig.update_layout(title="Fraction of heads in each class", xaxis=_step_axis(steps),
+                      yaxis=dict(title="fraction of heads", range=[-0.02, 1.02]), height=420)
+    return fig
+
+
+def heatmap_figure(screen: pd.DataFrame, metric: str = "induction_selectivity",
+                   threshold: float | None = None) -> go.Figure:
+    """``metric`` per ``[layer, head]`` at each revision, one heatmap per revision with a slider.
+
+    Heads at or above ``threshold`` (default: the class threshold of ``metric`` if it
+    is a class metric) are marked with a dot.
+    """
+    wide = per_head(screen)
+    if metric not in wide.columns:
+        raise ValueError(f"screen table has no column {metric!r}")
+    if threshold is None:
+        threshold = {m: DEFAULT_THRESHOLDS[c] for c, m in CLASS_METRICS.items()}.get(metric)
+    steps = sorted(wide["step"].unique())
+    layers = sorted(wide["layer"].unique())
+    heads = sorted(wide["head"].unique())
+    vals = wide[metric].astype(float)
+    zmin, zmax = float(np.nanmin(vals)), float(np.nanmax(vals))
+    if metric.endswith("selectivity"):
+        bound = max(abs(zmin), abs(zmax), 1e-9)
+        zmin, zmax = -bound, bound
+    fig = go.Figure()
+    for i, step in enumerate(steps):
+        g = wide[wide["step"] == step].pivot(index="layer", columns="head", values=metric).reindex(
+            index=layers, columns=heads)
+        fig.add_trace(go.Heatmap(z=g.to_numpy(dtype=float), x=[f"H{h}" for h in heads], y=[f"L{l}" for l in layers],
+                                 zmin=zmin, zmax=zmax,
+                                 colorscale="RdBu_r" if metric.endswith("selectivity") else "Viridis",
+                                 visible=i == len(steps) - 1, colorbar=dict(title=metric),
+                                 hovertemplate="%{y} %{x}: %{z:.3f}<extra>step " + str(step) + "</extra>"))
+    n_heat = len(steps)
+    if threshold is not None:
+        for i, step in enumerate(steps):
+            g = wide[(wide["step"] == step) & (wide[metric].astype(float) >= threshold)]
+            fig.add_trace(go.Scatter(x=[f"H{h}" for h in g["head"]], y=[f"L{l}" for l in g["layer"]], mode="markers",
+                                     marker=dict(color="black", size=9, symbol="circle-open-dot"),
+                                     name=f">= {threshold}", showlegend=False, visible=i == len(steps) - 1,
+                                     hoverinfo="skip"))
+    per_step = 2 if threshold is not None else 1
+    slider_steps = []
+    for i, step in enumerate(steps):
+        visible = [False] * (n_heat * per_step)
+        visible[i] = True
+        if threshold is not None:
+            visible[n_heat + i] = True
+        slider_steps.append(dict(method="update", label=str(step),
+                                 args=[{"visible": visible}, {"title": f"{metric} at step {step}"}]))
+    fig.update_layout(
+        title=f"{metric} at step {steps[-1]}", height=200 + 60 * len(layers),
+        sliders=[dict(active=len(steps) - 1, currentvalue=dict(prefix="step "), steps=slider_steps, pad=dict(t=40))],
+        yaxis=dict(autorange="reversed"),
+    )
+    return fig
+
+
+def pr_figure(screen: pd.DataFrame, lead: pd.DataFrame | None = None, *, cls: str = "induction",
+              pr_metric: str = PR_METRIC, heads: list[tuple[int, int]] | None = None) -> go.Figure:
+    """PR timelines of the final ``cls`` heads (or ``heads``), with the threshold crossing marked.
+
+    Each line is the head's ``pr_metric`` per revision; a star marks the revision at
+    which it first crosses its class threshold (from ``lead``, a :func:`pr_lead_test`
+    table, or recomputed), open circles mark revisions where
+    :func:`~circuitfade.analysis.spectra.elevated_pr` flags its PR.
+    """
+    wide = per_head(screen)
+    steps = sorted(wide["step"].unique())
+    pos = {s: i for i, s in enumerate(steps)}
+    if lead is None:
+        lead = pr_lead_test(screen, cls=cls, pr_metric=pr_metric)
+    if heads is None:
+        heads = list(zip(lead["layer"].astype(int), lead["head"].astype(int)))
+    cross = {(int(l), int(h)): c for l, h, c in zip(lead["layer"], lead["head"], lead["cross_step"])}
+    flagged = elevated_pr(wide[["step", "layer", "head"]].assign(value=wide[pr_metric].astype(float)))
+    wide = wide.assign(elevated=flagged["elevated"].to_numpy())
+    fig = go.Figure()
+    for layer, head in heads:
+        g = wide[(wide["layer"] == layer) & (wide["head"] == head)].sort_values("step")
+        name = f"L{layer}H{head}"
+        x = [pos[s] for s in g["step"]]
+        fig.add_trace(go.Scatter(x=x, y=g[pr_metric], mode="lines+markers", name=name, legendgroup=name,
+                                 customdata=g["step"],
+                                 hovertemplate="step %{customdata}: PR %{y:.2f}<extra>" + name + "</extra>"))
+        e = g[g["elevated"]]
+        fig.add_trace(go.Scatter(x=[pos[s] for s in e["step"]], y=e[pr_metric], mode="markers", legendgroup=name,
+                                 showlegend=False, marker=dict(symbol="circle-open", size=14, color="black"),
+                                 hoverinfo="skip"))
+        c = cross.get((layer, head))
+        if c is not None and not pd.isna(c):
+            y = g.loc[g["step"] == c, pr_metric]
+            fig.add_trace(go.Scatter(x=[pos[int(c)]], y=y, mode="markers", legendgroup=name, showlegend=False,
+                                     marker=dict(symbol="star", size=16, color="gold",
+                                                 line=dict(color="black", width=1)),
+                                     hovertemplate=f"{name} crosses the {cls} threshold at step {int(c)}"
+                                                   "<extra></extra>"))
+    fig.update_layout(title=f"Head-output PR of the final {cls} heads (star: first revision above the {cls} "
+                            "threshold; circle: PR elevated)", xaxis=_step_axis(steps),
+                      yaxis=dict(title="participation ratio"), height=450)
+    return fig
+
+
+def figures(tables: Mapping[str, pd.DataFrame]) -> dict[str, go.Figure]:
+    """The report's figures from :func:`run`'s tables."""
+    screen = tables["screen"]
+    out = {"fractions": fraction_figure(tables["class_fractions"], tables.get("emergence_shape"))}
+    out["induction_heatmap"] = heatmap_figure(screen, "induction_selectivity")
+    out["pr_timelines"] = pr_figure(screen, tables.get("pr_lead"))
+    out["bos_heatmap"] = heatmap_figure(screen, "bos_capability")
+    out["previous_token_heatmap"] = heatmap_figure(screen, "previous_token_selectivity")
+    return out
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table.table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0 1.5em; }
+table.table th, table.table td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; }
+.note { color: #666; font-style: italic; }
+"""
+
+
+def _table(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}", border=0, classes="table")
+
+
+def _wide_fractions(fractions: pd.DataFrame) -> pd.DataFrame:
+    w = fractions.pivot(index="step", columns="class", values="fraction").reset_index()
+    w.columns.name = None
+    return w[["step", *[c for c in SCORES if c in w.columns]]]
+
+
+def report_html(tables: Mapping[str, pd.DataFrame], *, meta: Mapping | None = None,
+                title: str = "circuitfade developmental screens") -> str:
+    """One self-contained HTML page (plotly.js embedded once) from :func:`run`'s tables."""
+    meta = dict(meta or {})
+    screen = tables["screen"]
+    steps = sorted(screen["step"].unique())
+    skipped = tables["integrity"][tables["integrity"]["status"] != "ok"]
+    parts = [
+        "<!DOCTYPE html>", '<html><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>Source <code>{html.escape(str(meta.get('source', '?')))}</code>: {len(steps)} revisions screened "
+        f"(steps {steps[0]}&ndash;{steps[-1]}), {len(skipped)} skipped; {meta.get('n', '?')} sequences per "
+        f"screen input, BOS token {html.escape(str(meta.get('bos')))}; thresholds "
+        f"{html.escape(str(meta.get('thresholds', DEFAULT_THRESHOLDS)))}.</p>",
+        "<h2>Integrity</h2>", _table(tables["integrity"][["step", "source", "status"]]),
+        "<h2>Class fractions (whole model)</h2>", _table(_wide_fractions(tables["class_fractions"])),
+        "<h2>Emergence shape</h2>",
+        '<p class="note">sharp: the largest change between adjacent revisions is at least half of the net change '
+        "from the first to the last revision; flat: net change below 0.05.</p>",
+        _table(tables["emergence_shape"]),
+        "<h2>Layers that never have a head of a class</h2>",
+        _table(tables["zero_layers"][tables["zero_layers"]["zero_at_every_revision"]]),
+        "<h2>Convergence of the induction set to the final set</h2>",
+        _table(tables["convergence_summary"]), _table(tables["set_convergence"]),
+        "<h2>PR lead test (final induction heads)</h2>",
+        '<p class="note">elevated_by_cross: head-output PR elevated (above its earlier revisions\' mean by more '
+        "than 2 sd) at or before the first revision where induction selectivity crosses the threshold.</p>",
+        _table(tables["pr_lead"]) if len(tables["pr_lead"]) else "<p>No induction heads at the final revision.</p>",
+        "<h3>The same test for the final heads of every class</h3>", _table(tables["pr_lead_all"]),
+        "<h2>Figures</h2>",
+    ]
+    for i, fig in enumerate(figures(tables).values()):
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0,
+                                 default_height=f"{fig.layout.height or 450}px"))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------
+def build_parser(prog: str = "circuitfade screen") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description="Screen every attention head of every revision of a checkpoint series (induction, "
+                    "previous-token, BOS-attractor classes; head-output PR), print the series-level tables and "
+                    "write an HTML report.",
+    )
+    ap.add_argument("series", metavar="SERIES",
+                    help="a circuitfade run directory, a folder of Hugging Face model folders (step1000/, ...), "
+                         "or a folder of state-dict files with config.json")
+    ap.add_argument("--out", metavar="FILE",
+                    help="HTML report (default SERIES/screen.html); tables go next to it as CSV")
+    ap.add_argument("--bos", type=int, metavar="ID", help="BOS token id (default: the run task's, else none)")
+    ap.add_argument("--n", type=int, default=32, help="sequences per screen input (default 32)")
+    ap.add_argument("--seq-len", type=int, metavar="L", help="half-length of the repeated input (default: auto)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the screen inputs (default 0)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
+def _print(title: str, df: pd.DataFrame) -> None:
+    print(f"\n## {title}")
+    print(df.to_string(index=False, na_rep="NA", float_format=lambda v: f"{v:.3g}") if len(df) else "(none)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``circuitfade screen SERIES [--out report.html] [--bos ID] [--n N]``: exit 0, or 2 on bad input."""
+    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    source = Path(ns.series)
+    if ns.out:
+        out = Path(ns.out)
+    else:
+        out = source / "screen.html" if source.is_dir() else source.with_suffix(".screen.html")
+    t0 = time.time()
+    try:
+        tables = run(source, out.parent, n=ns.n, seq_len=ns.seq_len, bos=ns.bos, seed=ns.seed, html_name=out.name,
+                     progress=not ns.quiet)
+    except (ValueError, FileNotFoundError) as e:  # CheckpointError is a ValueError
+        print(f"circuitfade screen: error: {e}", file=sys.stderr)
+        return 2
+    _print("Integrity", tables["integrity"][["step", "source", "status"]])
+    _print("Class fractions", _wide_fractions(tables["class_fractions"]))
+    _print("Emergence shape", tables["emergence_shape"])
+    zero = tables["zero_layers"]
+    _print("Layers with no head of a class at any revision", zero[zero["zero_at_every_revision"]])
+    _print("Induction-set convergence", tables["convergence_summary"])
+    _print("PR lead test (final induction heads)", tables["pr_lead"])
+    print(f"\nreport: {out}  (tables: {out.parent}/*.csv; {time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
