@@ -15,7 +15,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from circuitfade.evaluation import evaluate_batch
 from circuitfade.io import CheckpointError, load_tensors
-from circuitfade.schedules import parse_path
+from circuitfade.paths import parse_path
 from circuitfade.store import (
     CheckpointSeries,
     NoGates,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from circuitfade.schedules import parse_path
+from circuitfade.paths import parse_path
 from circuitfade.sweep import child_of, run_dir_for
 from circuitfade.training import RunConfig, TrainConfig
 
