@@ -14,16 +14,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-# Published numbers (main paper, Table 1, base model, associative recall): (zero-gate, normal)
-PAPER_TABLE1 = {
-    "fade600->0": ("0.734 ± 0.028", "0.694 ± 0.078"),
-    "linear0.5->0": ("0.617 ± 0.024", "0.792 ± 0.022"),
-    "forced_const0.5": ("0.114 ± 0.006", "0.164 ± 0.003"),
-    "unforced": ("0.100 ± 0.006", "0.780 ± 0.007"),
-    "forced_zero": ("0.094 ± 0.013", "0.092 ± 0.006"),
-}
-
-
 def _task_dict(name: str, kv: list[str]) -> dict:
     d: dict = {"name": name}
     for item in kv or []:
@@ -77,8 +67,10 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     print()
     print("| path | normal acc (ours) | zero-gate acc (ours) | gate at end | paper zero-gate | paper normal |")
     print("|---|---|---|---|---|---|")
+    from circuitfade.experiments.paper import PAPER_T1_BASE  # published (zero-gate, normal), Table 1
+
     for r in results:
-        pz, pn = PAPER_TABLE1[r["path"]]
+        pz, pn = PAPER_T1_BASE[r["path"]]
         print(f"| {r['path']} | {r['acc_normal']:.3f} | {r['acc_zero']:.3f} | {r['gate_pos']:.2f} | {pz} | {pn} |")
     print(f"\nwall time {time.time() - t0:.0f} s. 'normal' = gates as at the final step (0 for fade600->0, "
           f"so normal = zero-gate there); paper numbers are mean ± sd over seeds (Table 1).")

@@ -1,0 +1,31 @@
+"""The CLI entry points the README names: train, demo (tiny budgets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from circuitfade.cli import main
+from circuitfade.training import read_metrics
+
+
+def test_train_writes_a_run(tmp_path, capsys):
+    out = tmp_path / "r"
+    rc = main(["train", "--path", "fade5+5->0", "--steps", "20", "--eval-every", "10", "--checkpoint-every", "10",
+               "--out", str(out), "--quiet"])
+    assert rc == 0
+    m = read_metrics(out)
+    assert list(m.step) == [0, 10, 20] and m.gate_pos.iloc[-1] == 0.0
+    assert "acc_zero" in capsys.readouterr().out
+
+
+def test_bad_path_is_a_clear_error(tmp_path, capsys):
+    assert main(["train", "--path", "fade-nowhere", "--out", str(tmp_path / "x")]) == 2
+    assert "fade" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_prints_both_paths_with_paper_numbers(tmp_path, capsys):
+    assert main(["demo", "--steps", "10", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| unforced |" in out and "| fade600->0 |" in out
+    assert ".734 ± .028" in out and ".780 ± .007" in out
