@@ -117,7 +117,9 @@ def run_sweep(
 ) -> pd.DataFrame:
     """Train every config into ``root``; return one row per run (status, error, final metrics).
 
-    Finished runs (``done.json`` present, same config) are not retrained.
+    Finished runs (``done.json`` present, same config) are not retrained. The local
+    executor *spawns* worker processes, so a script calling this must do so under
+    ``if __name__ == "__main__":`` (notebooks and the CLI need nothing).
     """
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
