@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
-from safetensors.torch import load as st_load
+from safetensors import safe_open
 from tqdm import tqdm
 
 from circuitfade import __version__
@@ -245,15 +245,12 @@ def load_checkpoint(run: Run, run_dir: Path, step: int) -> Run:
     ck = Path(run_dir) / CKPT_DIR
     run.model.load_weights(ck / f"step_{step:06d}.safetensors")
     state_file = ck / f"step_{step:06d}.state.safetensors"
-    raw = state_file.read_bytes() if state_file.is_file() else None
-    if raw is None:
+    if not state_file.is_file():
         raise CheckpointError(f"{state_file}: missing optimizer/RNG state")
     try:
-        tensors = st_load(raw)
-        from safetensors import safe_open
-
         with safe_open(str(state_file), framework="pt") as f:
             meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:
         raise CheckpointError(f"{state_file}: unreadable state file: {e}") from None
     if meta.get("format") != "circuitfade-state":
