@@ -5,7 +5,7 @@
 
 Two full runs on associative recall, seed 0, default ``TrainConfig`` (3,600 steps,
 a checkpoint every 300): ``unforced`` and ``fade600->0``. They are trained with
-:func:`circuitfade.sweep.run_sweep` into ``--root`` (default ``results/runs``, the
+:func:`circuitfade.train.sweep.run_sweep` into ``--root`` (default ``results/runs``, the
 sweep root of ``circuitfade reproduce``), so finished runs are reused, never retrained.
 With ``--wait S`` the script first waits (polling every 30 s, up to ``S`` seconds)
 for another process - e.g. a running ``circuitfade reproduce`` - to finish them,
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from circuitfade import plots
+from circuitfade.viz import plots
 from circuitfade.analysis import (
     ABLATION_IMPORTANCE,
     DEFAULT_THRESHOLDS,
@@ -52,11 +52,11 @@ from circuitfade.analysis import (
     gate_intervention_table,
     head_diagnostics,
 )
-from circuitfade.report import markdown_table
+from circuitfade.viz.report import markdown_table
 from circuitfade.store import attach, trace
-from circuitfade.sweep import run_dir_for, run_sweep
+from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.tasks import eval_set
-from circuitfade.training import CKPT_DIR, EVAL_SEED, RunConfig, TrainConfig, read_metrics
+from circuitfade.train.loop import CKPT_DIR, EVAL_SEED, RunConfig, TrainConfig, read_metrics
 
 ASSETS = Path(__file__).resolve().parent
 RUNS = {"unforced": "unforced", "fade600to0": "fade600->0"}

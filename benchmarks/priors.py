@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from circuitfade.experiments.static_baselines import step_time_ms
-from circuitfade.priors import PRIORS
+from circuitfade.model.priors import PRIORS
 
 
 def main(argv=None):

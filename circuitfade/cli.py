@@ -28,7 +28,7 @@ def _train_one(args: dict) -> dict:
     """Worker: train one run (own process, one torch thread) and return its final metrics."""
     import torch
 
-    from circuitfade.training import RunConfig, train
+    from circuitfade.train.loop import RunConfig, train
 
     torch.set_num_threads(1)
     cfg = RunConfig.from_dict(args["config"])
@@ -37,7 +37,7 @@ def _train_one(args: dict) -> dict:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from circuitfade.training import RunConfig, TrainConfig
+    from circuitfade.train.loop import RunConfig, TrainConfig
 
     tc = TrainConfig(steps=ns.steps, eval_every=ns.eval_every, checkpoint_every=ns.checkpoint_every)
     model = json.loads(ns.model) if ns.model else {}
@@ -51,7 +51,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    from circuitfade.training import RunConfig, TrainConfig
+    from circuitfade.train.loop import RunConfig, TrainConfig
 
     paths = ["unforced", "fade600->0"]
     jobs = []
@@ -84,7 +84,7 @@ DELEGATED = {
                 "history dependence between in-context and in-weights learning (balanced mix schedules)"),
     "screen": ("circuitfade.experiments.development", "main",
                "screen a revision series for induction / previous-token / BOS heads, write an HTML report"),
-    "analyze": ("circuitfade.report", "analyze_main",
+    "analyze": ("circuitfade.viz.report", "analyze_main",
                 "trace head diagnostics over a run's checkpoints, print the consolidation timeline, write an HTML report"),
 }
 

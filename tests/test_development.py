@@ -1,6 +1,6 @@
 """Developmental screens over revision series (issue 6).
 
-* :mod:`circuitfade.revisions`: revision-name parsing, log-spaced selection, hub series
+* :mod:`circuitfade.store.revisions`: revision-name parsing, log-spaced selection, hub series
   with an injected loader (no network), integrity checks on a tiny local GPT-NeoX series
   (a planted duplicate and a corrupted revision);
 * :mod:`circuitfade.analysis.development`: series-level tables on planted screen tables
@@ -37,7 +37,7 @@ from circuitfade.analysis.development import (
     zero_layers,
 )
 from circuitfade.analysis.screens import capability_selectivity
-from circuitfade.revisions import (
+from circuitfade.store.revisions import (
     PYTHIA_REVISIONS,
     PYTHIA_TOKENS_PER_STEP,
     Revision,
@@ -540,7 +540,7 @@ def test_run_on_a_small_local_run(tmp_path):
 
 def test_local_run_config_checkpoints():
     from circuitfade.experiments.development import local_run_config, log_checkpoints
-    from circuitfade.training import checkpoint_steps
+    from circuitfade.train.loop import checkpoint_steps
 
     assert log_checkpoints(1000, 4) == (10, 46, 215, 1000)
     cfg = local_run_config(300)

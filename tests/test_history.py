@@ -21,7 +21,7 @@ from circuitfade.experiments.history import (
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.tasks import make_task
 from circuitfade.tasks.ambiguous import AmbiguousBatch, AmbiguousRecall, AmbiguousRecallConfig
-from circuitfade.training import RunConfig, TrainConfig, clone_run, new_run, train
+from circuitfade.train.loop import RunConfig, TrainConfig, clone_run, new_run, train
 
 TINY_MODEL = {**history.MODEL, "d_model": 16, "d_head": 4, "d_mlp": 32, "n_ctx": 17}
 

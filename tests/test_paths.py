@@ -1,11 +1,11 @@
-"""Tests for circuitfade.paths: the paper's gate paths, name normalization, errors."""
+"""Tests for circuitfade.gating.paths: the paper's gate paths, name normalization, errors."""
 
 from __future__ import annotations
 
 import pytest
 
-from circuitfade.paths import NAMED_PATHS, PAPER_PATHS, GatePath, gate_path_names, parse_path
-from circuitfade.schedules import Constant, Fade, Linear, Piecewise, Switch, TwoStep, triangular
+from circuitfade.gating.paths import NAMED_PATHS, PAPER_PATHS, GatePath, gate_path_names, parse_path
+from circuitfade.gating.schedules import Constant, Fade, Linear, Piecewise, Switch, TwoStep, triangular
 
 
 def test_paper_paths():

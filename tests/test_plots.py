@@ -1,4 +1,4 @@
-"""Tests for circuitfade.plots (figure structure on planted traces) and circuitfade.report (analyze).
+"""Tests for circuitfade.viz.plots (figure structure on planted traces) and circuitfade.viz.report (analyze).
 
 The figure tests build tidy traces by hand, with a planted crossing: head L1H2's
 successor mass is .10, .30, .60 at steps 0, 100, 200 and L0H1's .05, .20, .40, every
@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitfade import plots
-from circuitfade.report import analyze, analyze_main, markdown_table
+from circuitfade.viz import plots
+from circuitfade.viz.report import analyze, analyze_main, markdown_table
 from circuitfade.tasks import make_task
-from circuitfade.training import RunConfig, TrainConfig, train
+from circuitfade.train.loop import RunConfig, TrainConfig, train
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""Tests for the attention-prior interface and the prior zoo (circuitfade.priors, circuitfade.prior_zoo).
+"""Tests for the attention-prior interface and the prior zoo (circuitfade.model.priors, circuitfade.model.zoo).
 
 For every registered prior: shape, finiteness, causality (changing future tokens
 never changes past logits), the gate multiplies the bias (g = 0 gives exactly the
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
-from circuitfade.prior_zoo import alibi_slopes, t5_bucket
-from circuitfade.priors import PRIORS, STATIC_METHODS, PriorInputs, build_prior
+from circuitfade.model.zoo import alibi_slopes, t5_bucket
+from circuitfade.experiments.static_baselines import STATIC_METHODS, method_config
+from circuitfade.model.priors import PRIORS, PriorInputs, build_prior
 
-method_config = SoftPriorConfig.method
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import pytest
 import circuitfade.experiments.paper as P
 from circuitfade.cli import main
 from circuitfade.experiments.reproduce import EXPERIMENTS
-from circuitfade.sweep import run_key
+from circuitfade.train.sweep import run_key
 
 TINY = P.Budget(36, "quick", eval_size=32)
 

@@ -1,4 +1,4 @@
-"""Tests for circuitfade.schedules: values by hand, spec round-trips, errors."""
+"""Tests for circuitfade.gating.schedules: values by hand, spec round-trips, errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from circuitfade.schedules import (
+from circuitfade.gating.schedules import (
     FADE_SHAPES,
     Constant,
     Fade,

@@ -10,11 +10,10 @@ import torch
 
 from circuitfade.experiments import static_baselines as sb
 from circuitfade.model import SoftPriorConfig
-from circuitfade.priors import STATIC_METHODS
+from circuitfade.experiments.static_baselines import STATIC_METHODS, method_config
 
-method_config = SoftPriorConfig.method
-from circuitfade.sweep import run_key
-from circuitfade.training import RunConfig, TrainConfig, train
+from circuitfade.train.sweep import run_key
+from circuitfade.train.loop import RunConfig, TrainConfig, train
 
 TC = TrainConfig(steps=10, eval_every=5, eval_size=32, batch_size=8, checkpoint_every=10)
 FIXED = {"alibi", "learned_rpe", "dape", "cope", "fire", "kerple"}

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitfade.evaluation import evaluate_batch
+from circuitfade.gating.evaluation import evaluate_batch
 from circuitfade.io import CheckpointError, load_tensors
-from circuitfade.paths import parse_path
+from circuitfade.gating.paths import parse_path
 from circuitfade.store import (
     CheckpointSeries,
     NoGates,
@@ -25,7 +25,7 @@ from circuitfade.store import (
     open_run,
     trace,
 )
-from circuitfade.training import RunConfig, TrainConfig, read_metrics, train
+from circuitfade.train.loop import RunConfig, TrainConfig, read_metrics, train
 
 torch.set_num_threads(1)
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from circuitfade.io import load_tensors
-from circuitfade.sweep import child_of, run_dir_for, run_key, run_sweep
-from circuitfade.training import RunConfig, TrainConfig
+from circuitfade.train.sweep import child_of, run_dir_for, run_key, run_sweep
+from circuitfade.train.loop import RunConfig, TrainConfig
 
 TC = TrainConfig(steps=10, eval_every=5, checkpoint_every=5, eval_size=32, batch_size=8)
 

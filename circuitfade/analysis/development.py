@@ -53,7 +53,7 @@ from circuitfade.analysis.screens import (
     repeated_tokens,
 )
 from circuitfade.analysis.spectra import elevated_pr, head_output_pr
-from circuitfade.revisions import check_integrity, warn_skipped
+from circuitfade.store.revisions import check_integrity, warn_skipped
 from circuitfade.store import CheckpointSeries
 
 __all__ = [
@@ -140,7 +140,7 @@ def screen_series(
 ) -> pd.DataFrame:
     """:func:`screen_model` on every revision of ``series``: one row per ``(step, layer, head)``.
 
-    First :func:`~circuitfade.revisions.check_integrity` (unless ``integrity=False``):
+    First :func:`~circuitfade.store.revisions.check_integrity` (unless ``integrity=False``):
     revisions whose weights duplicate an earlier revision's or cannot be read are
     skipped, with one ``UserWarning`` listing them; a revision that fails to load
     later is skipped with a warning too. Every revision is screened with the same

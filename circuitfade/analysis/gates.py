@@ -10,7 +10,7 @@ Models without gates (a plain ``HookedTransformer``) can be evaluated with
 :func:`evaluate` under ``gates="normal"`` only; :func:`gate_intervention_table`
 raises :class:`NoGatesError` (a ``ValueError``) for them. A caller mapping the
 table over many models skips those with
-``if circuitfade.evaluation.has_gates(model)`` or ``except NoGatesError``.
+``if circuitfade.gating.evaluation.has_gates(model)`` or ``except NoGatesError``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Mapping
 import pandas as pd
 import torch
 
-from circuitfade.evaluation import CONDITIONS, NoGatesError, evaluate_batch, has_gates
+from circuitfade.gating.evaluation import CONDITIONS, NoGatesError, evaluate_batch, has_gates
 from circuitfade.tasks import Batch, Task, eval_set
 
 __all__ = [
@@ -76,7 +76,7 @@ def evaluate(
     ``gates``: ``"normal"`` (gates as they are, also ``None``), ``"zero"`` (every gate
     0), ``"param"`` (every gate ``sigmoid(logit)``), ``"half"`` (every gate 0.5) or a
     mapping such as ``{"pos": 0.0}`` overriding exactly those gates (values: a number,
-    ``[n_heads]`` or ``[n_layers, n_heads]``); see :mod:`circuitfade.evaluation`.
+    ``[n_heads]`` or ``[n_layers, n_heads]``); see :mod:`circuitfade.gating.evaluation`.
 
     ``batch``: the evaluation batch; if ``None``, ``eval_set(task, n, seed)`` (the
     package's fixed evaluation seed when ``seed`` is ``None``).
@@ -97,7 +97,7 @@ def evaluate(
     if gates not in (None, "normal") and not has_gates(model):
         raise NoGatesError(
             f"model {type(model).__name__} has no gates, so gates={gates!r} does not apply; "
-            "use gates='normal' (or check circuitfade.evaluation.has_gates(model))"
+            "use gates='normal' (or check circuitfade.gating.evaluation.has_gates(model))"
         )
     device = next(model.parameters()).device
     r = evaluate_batch(model, task, batch.to(device) if batch.device != device else batch, gates)
@@ -117,7 +117,7 @@ def intervention_conditions(model) -> list[tuple[str, dict | str]]:
     if not has_gates(model):
         raise NoGatesError(
             f"model {type(model).__name__} has no gates, so there is no gate intervention to tabulate; "
-            "check circuitfade.evaluation.has_gates(model) first (or catch NoGatesError) to skip it"
+            "check circuitfade.gating.evaluation.has_gates(model) first (or catch NoGatesError) to skip it"
         )
     priors = list(model.cfg.priors)
     out: list[tuple[str, dict | str]] = [("normal", "normal")]
@@ -148,7 +148,7 @@ def gate_intervention_table(
     ``"pos=0, content=0"``), ``accuracy``, ``loss`` (as in :func:`evaluate`).
 
     Raises :class:`NoGatesError` (a ``ValueError``) for a model without gates; skip such
-    models with ``circuitfade.evaluation.has_gates(model)``.
+    models with ``circuitfade.gating.evaluation.has_gates(model)``.
     """
     conditions = intervention_conditions(model)
     if batch is None:

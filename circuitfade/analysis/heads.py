@@ -26,7 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitfade.analysis.gates import NoGatesError
-from circuitfade.evaluation import gate_condition, has_gates
+from circuitfade.gating.evaluation import gate_condition, has_gates
 from circuitfade.tasks import Batch, Task
 
 __all__ = [
@@ -125,7 +125,7 @@ def successor_value_mass(
     position with no marked source contributes 0 (the built-in tasks always mark one).
 
     ``gates``: an optional gate condition applied during the forward (see
-    :func:`circuitfade.evaluation.gate_condition`; ``None`` = as the model is). Works for
+    :func:`circuitfade.gating.evaluation.gate_condition`; ``None`` = as the model is). Works for
     any ``HookedTransformer`` with the standard ``hook_pattern`` hooks (gates other than
     ``None``/``"normal"`` need a gated model).
 

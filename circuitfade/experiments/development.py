@@ -50,7 +50,7 @@ from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCOR
 from circuitfade.analysis.spectra import elevated_pr
 from circuitfade.io import atomic_write
 from circuitfade.store import CheckpointSeries, attach
-from circuitfade.training import RunConfig, TrainConfig, train
+from circuitfade.train.loop import RunConfig, TrainConfig, train
 
 __all__ = [
     "LOCAL_STEPS",
@@ -115,7 +115,7 @@ def log_checkpoints(steps: int, n: int = 12, first: int = 10) -> tuple[int, ...]
 
 
 def local_run_config(steps: int = LOCAL_STEPS, *, seed: int = 0, n_checkpoints: int = 12) -> RunConfig:
-    """The :class:`~circuitfade.training.RunConfig` of the local developing series.
+    """The :class:`~circuitfade.train.loop.RunConfig` of the local developing series.
 
     AdamW, lr 3e-3, batch 32, no gates (path ``"unforced"`` with no priors), eval on
     256 sequences every ``max(10, steps // 20)`` steps, checkpoints at step 0 and at
@@ -169,7 +169,7 @@ def run(
 ) -> dict[str, pd.DataFrame]:
     """Screen every revision of a series and compute the series-level tables.
 
-    Steps: attach (unless given a series), :func:`~circuitfade.revisions.check_integrity`,
+    Steps: attach (unless given a series), :func:`~circuitfade.store.revisions.check_integrity`,
     :func:`~circuitfade.analysis.development.screen_series` (bad revisions skipped with a
     warning), then the tables. Returns ``{"integrity", "screen", "class_fractions",
     "emergence_shape", "layer_counts", "zero_layers", "set_convergence",

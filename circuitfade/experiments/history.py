@@ -8,7 +8,7 @@ Protocol (the study summarised in ``shared/seeds/004``), per seed:
    ``p_ICL = p0`` for ``anchor_steps`` updates (AdamW 1e-3, wd 0.01, clip 1, batch 64).
 2. **Balanced branches.** Clone model *and* optimizer state (:func:`clone_run`) twice
    and train two branches for ``period`` updates on triangular mix schedules
-   (:func:`circuitfade.schedules.triangular`):
+   (:func:`circuitfade.gating.schedules.triangular`):
 
    * ``from_below``: ``p0 -> p0+δ -> p0-δ -> p0`` (``up_first``; the last leg comes up
      to ``p0`` from the IWL-favouring side ``p0-δ``);
@@ -63,9 +63,9 @@ import torch
 from torch import Tensor
 
 from circuitfade.analysis.patching import mean_replacement, patch_resid
-from circuitfade.schedules import Piecewise, triangular
+from circuitfade.gating.schedules import Piecewise, triangular
 from circuitfade.tasks.ambiguous import AmbiguousBatch, AmbiguousRecall
-from circuitfade.training import Run, RunConfig, TrainConfig, clone_run, train
+from circuitfade.train.loop import Run, RunConfig, TrainConfig, clone_run, train
 
 __all__ = [
     "BRANCHES",

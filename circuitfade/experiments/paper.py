@@ -9,7 +9,7 @@ Every experiment here is two pure pieces:
   sweep's results (final metrics of each run) and, for the mechanism
   experiments, from the runs' checkpoint series.
 
-Evaluation conditions are reported explicitly (see :mod:`circuitfade.evaluation`):
+Evaluation conditions are reported explicitly (see :mod:`circuitfade.gating.evaluation`):
 ``normal`` = gates as at the final step (0 for every fade/linear/switch path,
 which therefore has normal == zero), ``zero``, ``param`` = sigmoid(logit) (for
 masked modes the initial 0.5), ``half`` = 0.5.
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from circuitfade.paths import parse_path
-from circuitfade.sweep import child_of, run_dir_for
-from circuitfade.training import RunConfig, TrainConfig
+from circuitfade.gating.paths import parse_path
+from circuitfade.train.sweep import child_of, run_dir_for
+from circuitfade.train.loop import RunConfig, TrainConfig
 
 LARGE = {"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4}
 
@@ -191,7 +191,7 @@ def mean_sd(x) -> str:
 
 
 def md_table(df: pd.DataFrame) -> str:
-    from circuitfade.report import markdown_table
+    from circuitfade.viz.report import markdown_table
 
     return markdown_table(df)
 

@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from circuitfade.experiments import paper as P
-from circuitfade.sweep import run_dir_for, run_sweep
-from circuitfade.training import RunConfig
+from circuitfade.train.sweep import run_dir_for, run_sweep
+from circuitfade.train.loop import RunConfig
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 import torch.nn as nn
 
 from circuitfade.io import CheckpointError
-from circuitfade.paths import GatePath
+from circuitfade.gating.paths import GatePath
 from circuitfade.tasks import Task
 
 
@@ -57,7 +57,7 @@ class CheckpointSeries:
       runs ``run``, ``run_dir``, ``path`` (the gate path), ``seed``, ``task``);
       :func:`trace` adds each key as a column;
     * ``series.task``: the run's :class:`~circuitfade.tasks.Task` (circuitfade runs) or ``None``;
-    * ``series.gate_path``: the run's :class:`~circuitfade.paths.GatePath` or ``None``,
+    * ``series.gate_path``: the run's :class:`~circuitfade.gating.paths.GatePath` or ``None``,
       ``series.gate_value(step)`` its prescribed gate, ``series.gate_zero_step()``.
 
     ``gate_span = (first_step, last_step)`` is the training span of the run the gate

@@ -15,9 +15,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm import tqdm
 
-from circuitfade.evaluation import NoGatesError
+from circuitfade.gating.evaluation import NoGatesError
 from circuitfade.tasks import Batch, Task, eval_set
-from circuitfade.training import EVAL_SEED
+from circuitfade.train.loop import EVAL_SEED
 
 from .series import CheckpointSeries
 

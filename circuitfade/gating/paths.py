@@ -3,7 +3,7 @@
 Every attention head carries gated biases whose gate ``g(t)`` lies in ``[0, 1]``.
 A gate is either *learned* (``g = sigmoid(logit)``), *fixed* (a constant) or
 *scheduled* (a pure function of the optimisation step, a
-:class:`~circuitfade.schedules.Schedule`).  This module holds the named
+:class:`~circuitfade.gating.schedules.Schedule`).  This module holds the named
 training paths of the paper:
 
 ==========================  =====================================================
@@ -22,9 +22,9 @@ path                        gate
 ==========================  =====================================================
 
 :func:`parse_path` maps a path spec to a :class:`GatePath`; any spec accepted by
-:func:`circuitfade.schedules.parse_schedule` is also a (scheduled) path.
+:func:`circuitfade.gating.schedules.parse_schedule` is also a (scheduled) path.
 
-This module builds on :mod:`circuitfade.schedules` (which does not import it).
+This module builds on :mod:`circuitfade.gating.schedules` (which does not import it).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from circuitfade.schedules import (
+from circuitfade.gating.schedules import (
     _INT,
     _NUM,
     DEFAULT_TOTAL_STEPS,

@@ -40,11 +40,11 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from circuitfade import __version__
-from circuitfade.evaluation import evaluate_conditions
+from circuitfade.gating.evaluation import evaluate_conditions
 from circuitfade.io import CheckpointError, atomic_write, read_json, save_tensors, write_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
-from circuitfade.paths import GatePath, parse_path
-from circuitfade.schedules import parse_schedule
+from circuitfade.gating.paths import GatePath, parse_path
+from circuitfade.gating.schedules import parse_schedule
 from circuitfade.tasks import Batch, Task, eval_set, make_task
 
 __all__ = ["TrainConfig", "RunConfig", "train", "branch", "clone_run", "fit", "Run", "load_checkpoint", "checkpoint_steps"]

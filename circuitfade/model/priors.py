@@ -13,12 +13,12 @@ Two priors ship with the paper's model (Section 3.1 of the main paper):
   bilinear form of the query and key *token embeddings*
   (``B^content_ij = (e_i U_h)·(e_j V_h) / √r``).
 
-Published biases live in :mod:`circuitfade.prior_zoo` and are registered on
-import of this module: ``alibi``, ``t5``, ``kerple_log``, ``kerple_power``,
+Published biases live in :mod:`circuitfade.model.zoo` and are registered when
+:mod:`circuitfade.model` is imported: ``alibi``, ``t5``, ``kerple_log``, ``kerple_power``,
 ``fire``, ``cope``, ``dape``, ``gpsa``. Schemes that are not additive biases
 (learned absolute positions, NoPE, RoPE) are backbone options
-(``positional_embedding_type``); :data:`STATIC_METHODS` maps each of the
-paper's thirteen static baselines to its config (:func:`method_config`).
+(``positional_embedding_type``); the paper's thirteen static baselines are
+configs of this model, listed in :mod:`circuitfade.experiments.static_baselines`.
 
 New priors register with :func:`register_prior`; the model then gives each one
 a gate (learned / fixed / scheduled), a hook ``hook_<name>_bias`` and a hook
@@ -151,34 +151,3 @@ def build_prior(name: str, cfg, layer: int) -> AttentionPrior:
     prior = PRIORS[name](cfg, layer)
     prior.name = name
     return prior
-
-
-# -- the paper's static baselines ------------------------------------------------------
-# SoftPriorConfig overrides for the thirteen static baselines of Section 4. A published
-# bias runs at full strength (gate fixed at 1), on a NoPE backbone as in its paper;
-# GPSA's gate plays ConViT's learned sigma(lambda) (init lambda = 1). The soft-prior
-# variants use the model's defaults (learned gates starting at 0.5).
-_FULL = {"gate_init": 1.0, "positional_embedding_type": "none"}
-STATIC_METHODS: dict[str, dict] = {
-    "vanilla": {"positional_embedding_type": "standard", "priors": ()},
-    "nope": {"positional_embedding_type": "none", "priors": ()},
-    "rope": {"positional_embedding_type": "rotary", "priors": ()},
-    "alibi": {"priors": ("alibi",), "gate_modes": {"alibi": "fixed"}, **_FULL},
-    "learned_rpe": {"priors": ("t5",), "gate_modes": {"t5": "fixed"}, **_FULL},
-    "dape": {"priors": ("dape",), "gate_modes": {"dape": "fixed"}, **_FULL},
-    "cope": {"priors": ("cope",), "gate_modes": {"cope": "fixed"}, **_FULL},
-    "fire": {"priors": ("fire",), "gate_modes": {"fire": "fixed"}, **_FULL},
-    "kerple": {"priors": ("kerple_log",), "gate_modes": {"kerple_log": "fixed"}, **_FULL},
-    "gpsa": {
-        "priors": ("gpsa",),
-        "gate_modes": {"gpsa": "learned"},
-        "gate_init": 1.0 / (1.0 + math.exp(-1.0)),
-        "positional_embedding_type": "none",
-    },
-    "soft_bias": {"positional_embedding_type": "none", "priors": ("pos", "content")},
-    "soft_pos_only": {"positional_embedding_type": "none", "priors": ("pos",)},
-    "soft_content_only": {"positional_embedding_type": "none", "priors": ("content",)},
-}
-
-
-from circuitfade import prior_zoo as _prior_zoo  # noqa: E402,F401  (registers the published priors)

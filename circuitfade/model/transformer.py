@@ -5,7 +5,7 @@ Each attention head computes (main paper, Eq. 1)::
     S_ij = Q_i·K_j / √d_head + Σ_p g_p[h] · B^p_ij        (then causal mask, softmax)
 
 with one gate ``g_p`` per layer, head and prior ``p`` (by default ``pos`` and
-``content``, see :mod:`circuitfade.priors`). A gate's *mode* is one of
+``content``, see :mod:`circuitfade.model.priors`). A gate's *mode* is one of
 
 * ``learned``   - ``g = sigmoid(logit)``, the logit is trained;
 * ``fixed``     - ``g`` is a constant buffer; the logit gets no gradient;
@@ -58,7 +58,7 @@ from transformer_lens.utilities import lm_cross_entropy_loss
 
 from circuitfade import __version__
 from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read_json, save_tensors, write_json
-from circuitfade.priors import PRIORS, STATIC_METHODS, PriorInputs, build_prior
+from circuitfade.model.priors import PRIORS, PriorInputs, build_prior
 
 __all__ = ["SoftPriorConfig", "SoftPriorTransformer", "GATE_MODES"]
 
@@ -78,7 +78,7 @@ class SoftPriorConfig(HookedTransformerConfig):
     :meth:`base` and :meth:`large` for the two presets.
 
     Prior settings:
-        priors: names of the attention priors (see :mod:`circuitfade.priors`).
+        priors: names of the attention priors (see :mod:`circuitfade.model.priors`).
         gate_modes: ``{prior: "learned" | "fixed" | "scheduled"}``; priors not named
             default to ``"learned"``.
         gate_init: initial gate value (0.5 as in the paper): the logit starts at
@@ -143,16 +143,6 @@ class SoftPriorConfig(HookedTransformerConfig):
     def base(cls, **overrides) -> "SoftPriorConfig":
         """The paper's base model (L=2, d=64, 4 heads, ctx 32, vocab 32)."""
         return cls(**overrides)
-
-    @classmethod
-    def method(cls, name: str, **overrides) -> "SoftPriorConfig":
-        """The config of static baseline ``name`` (a key of :data:`circuitfade.priors.STATIC_METHODS`);
-        ``overrides`` replace the method's own values."""
-        if name not in STATIC_METHODS:
-            raise ValueError(f"unknown static method {name!r}; known methods: {sorted(STATIC_METHODS)}")
-        kw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in STATIC_METHODS[name].items()}
-        kw.update(overrides)
-        return cls(**kw)
 
     @classmethod
     def large(cls, **overrides) -> "SoftPriorConfig":

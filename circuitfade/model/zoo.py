@@ -1,4 +1,4 @@
-"""Published attention biases as :class:`~circuitfade.priors.AttentionPrior` implementations.
+"""Published attention biases as :class:`~circuitfade.model.priors.AttentionPrior` implementations.
 
 Each class returns a bias ``[batch or 1, head, query_pos, key_pos]`` *before*
 gating, for positions ``0 .. n-1`` of the current sequence (the model has no KV
@@ -12,7 +12,7 @@ fixed at 1 a prior reproduces the published method, with a learned, scheduled or
 zero gate it becomes a fadeable prior like ``pos`` and ``content``.
 
 Registry names (registered at the bottom of this module, imported by
-:mod:`circuitfade.priors`): ``alibi``, ``t5``, ``kerple_log``,
+:mod:`circuitfade.model.priors`): ``alibi``, ``t5``, ``kerple_log``,
 ``kerple_power``, ``fire``, ``cope``, ``dape``, ``gpsa``.
 """
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from circuitfade.priors import AttentionPrior, PriorInputs, register_prior, relative_distance
+from circuitfade.model.priors import AttentionPrior, PriorInputs, register_prior, relative_distance
 
 __all__ = [
     "ALiBiBias",

@@ -4,7 +4,7 @@ Every attention head carries gated biases whose gate ``g(t)`` lies in ``[0, 1]``
 A gate is either *learned* (``g = sigmoid(logit)``), *fixed* (a constant) or
 *scheduled* (a pure function of the optimisation step).  This module holds the
 schedule machinery (also used for data-mix probabilities such as ``p_ICL``).
-The paper's named gate training paths live in :mod:`circuitfade.paths`.
+The paper's named gate training paths live in :mod:`circuitfade.gating.paths`.
 
 Schedules are small frozen dataclasses (hashable, comparable) and callables
 ``step -> float``.  Each has a compact :attr:`Schedule.spec` string that

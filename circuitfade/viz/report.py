@@ -14,7 +14,7 @@ The flow (:func:`analyze`), composed from the layers below:
 4. the gate intervention table of the final checkpoint
    (:func:`~circuitfade.analysis.gates.gate_intervention_table`; skipped, with a note,
    for models without gates);
-5. figures (:mod:`circuitfade.plots`): heatmaps with a step slider, per-head timelines
+5. figures (:mod:`circuitfade.viz.plots`): heatmaps with a step slider, per-head timelines
    with the gate overlaid and threshold crossings marked, the intervention bars and
    the run's ``metrics.csv`` curves; written as one self-contained HTML file.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from circuitfade import plots
+from circuitfade.viz import plots
 from circuitfade.analysis import (
     ABLATION_IMPORTANCE,
     DEFAULT_THRESHOLDS,
@@ -43,11 +43,11 @@ from circuitfade.analysis import (
     head_diagnostics,
     timeline_long,
 )
-from circuitfade.evaluation import has_gates
+from circuitfade.gating.evaluation import has_gates
 from circuitfade.io import atomic_write
 from circuitfade.store import CheckpointSeries, attach, trace
 from circuitfade.tasks import Batch, Task, eval_set, make_task
-from circuitfade.training import EVAL_SEED, read_metrics
+from circuitfade.train.loop import EVAL_SEED, read_metrics
 
 __all__ = ["analyze", "analyze_main", "build_parser", "markdown_table", "report_html", "default_report_path"]
 

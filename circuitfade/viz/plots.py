@@ -9,7 +9,7 @@ Inputs are the tidy frames the rest of the package produces, never models:
   multi-run trace to one run first);
 * a **gate intervention table** (:func:`circuitfade.analysis.gate_intervention_table`):
   ``condition, gates, accuracy, loss`` - :func:`gate_intervention_bar`;
-* a run's **metrics table** (``metrics.csv``, :func:`circuitfade.training.read_metrics`):
+* a run's **metrics table** (``metrics.csv``, :func:`circuitfade.train.loop.read_metrics`):
   ``step, gate_*, acc_*`` (or ``mse_*``) - :func:`training_curves`.
 
 Heads are named ``"L{layer}H{head}"`` everywhere, hover text included. Figures carry
@@ -404,7 +404,7 @@ def training_curves(metrics_df: pd.DataFrame) -> go.Figure:
     One line per evaluation condition: the ``acc_<condition>`` columns (accuracy), or
     for tasks without accuracy the ``mse_<condition>`` columns, else ``loss_<condition>``;
     conditions ``normal`` (gates as set at that step), ``zero``, ``param``, ``half``
-    (see :mod:`circuitfade.evaluation`). Every ``gate_<prior>`` column (mean effective
+    (see :mod:`circuitfade.gating.evaluation`). Every ``gate_<prior>`` column (mean effective
     gate over heads and layers) is a dotted line on the secondary y axis.
     """
     if not isinstance(metrics_df, pd.DataFrame):

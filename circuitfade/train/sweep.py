@@ -32,7 +32,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from circuitfade.training import RunConfig
+from circuitfade.train.loop import RunConfig
 
 __all__ = ["run_key", "run_dir_for", "child_of", "execute", "run_sweep", "EXECUTORS"]
 
@@ -71,7 +71,7 @@ def execute(config: dict, run_dir: str) -> dict:
     """Worker: train one run (one torch thread) and report; never raises."""
     import torch
 
-    from circuitfade.training import train
+    from circuitfade.train.loop import train
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

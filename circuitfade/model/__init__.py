@@ -1,0 +1,24 @@
+"""The annealable soft-prior Transformer: config, model, and the prior registry.
+
+Layer 1 (above :mod:`circuitfade.io` only). Importing this package registers the
+built-in priors (``pos``, ``content``) and the published biases of
+:mod:`circuitfade.model.zoo` (``alibi``, ``t5``, ``kerple_*``, ``fire``, ``cope``,
+``dape``, ``gpsa``).
+"""
+
+from circuitfade.model import zoo as _zoo  # noqa: F401  (registers the published priors)
+from circuitfade.model.priors import PRIORS, AttentionPrior, PriorInputs, build_prior, register_prior
+from circuitfade.model.transformer import (
+    CONFIG_FILE,
+    GATE_MODES,
+    WEIGHTS_FILE,
+    SoftPriorAttention,
+    SoftPriorBlock,
+    SoftPriorConfig,
+    SoftPriorTransformer,
+)
+
+__all__ = [
+    "SoftPriorConfig", "SoftPriorTransformer", "SoftPriorAttention", "SoftPriorBlock", "GATE_MODES",
+    "CONFIG_FILE", "WEIGHTS_FILE", "PRIORS", "AttentionPrior", "PriorInputs", "build_prior", "register_prior",
+]

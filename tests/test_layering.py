@@ -1,0 +1,97 @@
+"""The package's layers import one way: a module may import its own layer and the
+layers below it, never one above (the order is documented in the README's
+architecture section and in ``circuitfade/__init__.py``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "circuitfade"
+
+# lowest first; a module's layer is that of its first dotted component below circuitfade
+LAYERS = ["io", "stats", "compat", "model", "tasks", "gating", "train", "store", "analysis", "viz",
+          "experiments", "cli", "__main__"]
+RANK = {name: i for i, name in enumerate(LAYERS)}
+# same-rank groups (layers that may not import each other at all)
+PEERS: set[frozenset] = set()
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    assert parts[0] == "circuitfade", module
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _modules():
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        name = ".".join(rel.parts)
+        if name.endswith(".__init__"):
+            name = name[: -len(".__init__")]
+        yield name, path
+
+
+def _imports(name: str, path: Path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("circuitfade"):
+                    yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("circuitfade"):
+                continue
+            if mod == "circuitfade":  # `from circuitfade import x`: x is the layer
+                for a in node.names:
+                    yield node.lineno, f"circuitfade.{a.name}"
+            else:
+                yield node.lineno, mod
+
+
+def _violations():
+    out = []
+    for name, path in _modules():
+        src = _layer(name)
+        if src == "__init__":
+            continue
+        for lineno, mod in _imports(name, path):
+            dst = _layer(mod)
+            if dst in ("__init__", "__version__"):
+                continue
+            assert dst in RANK, f"{mod} (imported by {name}) belongs to no layer: add it to LAYERS"
+            if RANK[dst] > RANK[src]:
+                out.append(f"{path.relative_to(PKG.parent)}:{lineno}: {src} imports higher layer {mod}")
+    return out
+
+
+def test_every_module_has_a_layer():
+    for name, _ in _modules():
+        layer = _layer(name)
+        assert layer == "__init__" or layer in RANK, f"{name}: no layer; add it to LAYERS in this test"
+
+
+def test_imports_point_down():
+    bad = _violations()
+    assert not bad, "lower layers import higher ones:\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    # planted: a model module importing the analysis layer must be reported
+    fake = tmp_path / "circuitfade" / "model"
+    fake.mkdir(parents=True)
+    (tmp_path / "circuitfade" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "bad.py").write_text("from circuitfade.analysis import heads\nfrom ..io import atomic_write\n")
+    monkeypatch.setattr(__import__(__name__), "PKG", tmp_path / "circuitfade")
+    bad = _violations()
+    assert len(bad) == 1 and "model imports higher layer circuitfade.analysis" in bad[0]
