@@ -25,7 +25,9 @@ torch.set_num_threads(1)
 # ------------------------------------------------------------------------- cells
 def test_grid_configs_and_cell_of_round_trip():
     cells = R.grid()
-    assert len(cells) == len(R.MODELS) * len(R.TASKS)
+    assert len(cells) == len(R.MODELS) * len(R.GRID_TASKS)
+    markov = R.grid(models=["L4 d128"], tasks=["markov (p=0.5)"])[0]
+    assert R.cell_of(markov.config("forced_zero", 2)) == markov
     cfgs = R.configs(cells)
     assert len(cfgs) == len(cells) * 7  # 3 seeds x (forced_zero, fade) + unforced seed 0
     assert [R.cell_of(c) for c in cfgs[:7]] == [R.Cell("L2 d64", "recall (default)")] * 7
@@ -197,7 +199,7 @@ def test_figure_values_and_hover(planted_root, tmp_path):
     R.persist([planted_root], tmp_path / "p")
     runs, _ = R.collect(tmp_path / "p")
     cells = R.cell_table(runs)
-    fig = map_figure(cells, runs, models=list(R.MODELS), tasks=list(R.TASKS))
+    fig = map_figure(cells, runs, models=list(R.MODELS), tasks=list(R.GRID_TASKS))
     heat = [t for t in fig.data if t.type == "heatmap"][1]
     assert heat.z[0][0] == pytest.approx(np.mean([0.5, 0.35, 0.7])) and heat.z[0][1] == pytest.approx(0.02)
     assert heat.z[1][0] is None  # L2 d128: not run
@@ -226,6 +228,19 @@ def test_continuation_rows_on_planted_checkpoints(tmp_path):
     tests = R.continuation_tests(sig, R.cell_table(runs))
     prim = tests[tests.primary].iloc[0]
     assert prim.statistic == R.SIGNAL_PRIMARY and math.isnan(prim.rho)
+
+
+def test_separation_of_cells_by_signal():
+    cells = pd.DataFrame({"model": ["a", "b", "c"], "task": "t", "steps": 3600,
+                          "class": ["path decides removability", "no difference", "mixed"]})
+    sig = pd.DataFrame({"model": ["a", "a", "b", "b", "c", "c", "c"], "task": "t", "steps": 3600,
+                        "path": ["fade600->0"] * 6 + ["forced_zero"],
+                        "circuit_share": [0.5, 0.7, 0.4, 0.2, 0.3, 0.35, 9.0]})
+    sep = R.separation(sig, cells)
+    assert (sep["n_pos"], sep["n_neg"]) == (2, 1) and sep["auc"] == 1.0  # 0.6 and 0.325 vs 0.3
+    sep = R.separation(sig.assign(circuit_share=[0.5, 0.7, 0.4, 0.2, 0.1, 0.1, 9.0]), cells)
+    assert sep["auc"] == 0.5
+    assert math.isnan(R.separation(sig, cells.assign(**{"class": "no difference"}))["auc"])
 
 
 @pytest.mark.slow

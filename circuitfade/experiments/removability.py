@@ -68,7 +68,9 @@ MODELS = {  # label -> RunConfig.model overrides (4 heads throughout)
 TASKS = {  # label -> RunConfig.task
     "recall (default)": {"name": "assoc"},
     "recall (shared vocab)": {"name": "assoc", "shared_vocab": True},
+    "markov (p=0.5)": {"name": "markov", "p": 0.5},  # the paper's Markov runs (one config, shared)
 }
+GRID_TASKS = ("recall (default)", "recall (shared vocab)")  # grid() default; Markov only where asked for
 BASELINE, FADE, UNFORCED = "forced_zero", "fade600->0", "unforced"
 PATHS = (BASELINE, FADE, UNFORCED)
 # rough single-core minutes per 3,600-step run on the project's CI-class machine
@@ -98,7 +100,7 @@ class Cell:
 
 def grid(models=None, tasks=None, steps=(3600,)) -> list[Cell]:
     models = list(MODELS) if models is None else list(models)
-    tasks = list(TASKS) if tasks is None else list(tasks)
+    tasks = list(GRID_TASKS) if tasks is None else list(tasks)
     for name in models:
         if name not in MODELS:
             raise ValueError(f"unknown map model {name!r}; expected one of {list(MODELS)}")
@@ -432,6 +434,25 @@ def continuation_tests(sig: pd.DataFrame, cells: pd.DataFrame, *, primary: str =
     return pd.DataFrame(out)
 
 
+def separation(sig: pd.DataFrame, cells: pd.DataFrame, *, stat: str = SIGNAL_PRIMARY,
+               positive: Sequence[str] = ("path decides removability", "mixed")) -> dict:
+    """Does the fade runs' mean signal (per cell) separate the cells where the path
+    matters (class in ``positive``) from the rest? ``{"auc", "n_pos", "n_neg", "per_class"}``:
+    ``auc`` = fraction of (positive, other) cell pairs in which the positive cell has the
+    larger mean signal (ties count 1/2; NaN when either group is empty); ``per_class`` =
+    rows ``class, cells, mean, min, max`` of the per-cell mean signal."""
+    fade = sig[sig.path == FADE]
+    if not len(fade) or not len(cells) or stat not in fade:
+        return {"auc": math.nan, "n_pos": 0, "n_neg": 0, "per_class": pd.DataFrame()}
+    per = fade.groupby(["model", "task", "steps"])[stat].mean().rename("signal").reset_index()
+    per = per.merge(cells[["model", "task", "steps", "class"]], on=["model", "task", "steps"])
+    pos = per[per["class"].isin(positive)].signal.to_numpy()
+    neg = per[~per["class"].isin(positive)].signal.to_numpy()
+    auc = float(np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])) if len(pos) and len(neg) else math.nan
+    table = per.groupby("class").signal.agg(cells="count", mean="mean", min="min", max="max").reset_index()
+    return {"auc": auc, "n_pos": int(len(pos)), "n_neg": int(len(neg)), "per_class": table}
+
+
 # --------------------------------------------------------------------------- report
 def _md(df: pd.DataFrame) -> str:
     from circuitfade.viz.report import markdown_table
@@ -507,6 +528,13 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
             n=("run", "count"), circuit_share=("circuit_share", "mean"), share_ratio=("share_ratio", "mean"),
             circuit_norm=("circuit_norm", "mean"), acc_zero_final=("acc_zero_final", "mean")).reset_index()
         lines += ["Per cell and path (means over seeds):", "", _md(agg), ""]
+        sep = separation(sig, cells)
+        if len(sep["per_class"]):
+            lines += [f"Separation of the cells where the path matters ('path decides removability' or 'mixed', "
+                      f"{sep['n_pos']} cells) from the others ({sep['n_neg']} cells) by the cell-mean fade signal "
+                      f"(`{SIGNAL_PRIMARY}` at step {SIGNAL_STEP}): AUC {_r(sep['auc'], '{:.2f}')} "
+                      "(1 = every such cell above every other; NaN = a group is empty).", "",
+                      _md(sep["per_class"]), ""]
     if missing_ckpt:
         lines += [f"Runs without checkpoints for the continuation signal: {len(missing_ckpt)}.", ""]
     return "\n".join(lines)
@@ -535,9 +563,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tables-only", action="store_true", help="do not train: tabulate the runs already persisted "
                     "in OUT/runs (plus finished runs under --runs)")
     ap.add_argument("--models", nargs="+", choices=list(MODELS), help="models (default: all)")
-    ap.add_argument("--tasks", nargs="+", choices=list(TASKS), help="tasks (default: all)")
+    ap.add_argument("--tasks", nargs="+", choices=list(TASKS),
+                    help=f"tasks (default: {', '.join(GRID_TASKS)})")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--unforced-seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--unforced-seeds", type=int, nargs="*", default=[0], help="seeds with an unforced run (default 0; none: give the flag alone)")
     ap.add_argument("--steps", type=int, nargs="+", default=[3600], help="budgets (default 3600)")
     ap.add_argument("--workers", type=int, help="parallel training runs (default: one per core)")
     ap.add_argument("--timing", help="the sweep's result CSV (columns run, seconds, status) for per-run seconds")
@@ -587,11 +616,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not ns.no_figure and len(cells):
         from circuitfade.viz.map import export_png, map_figure
 
-        fig = map_figure(cells, runs, models=list(MODELS), tasks=list(TASKS))
-        fig.write_html(out / "map.html", include_plotlyjs="cdn")
-        why = export_png(fig, out / "map.png")
-        if why:
-            print(f"PNG export skipped: {why}")
+        budgets = sorted(set(cells.steps))
+        for steps in budgets:
+            name = "map" if steps == budgets[0] else f"map_{steps}"
+            sub_c, sub_r = cells[cells.steps == steps], runs[runs.steps == steps]
+            tasks = [t for t in TASKS if t in GRID_TASKS or t in set(sub_c.task)]
+            fig = map_figure(sub_c, sub_r, models=list(MODELS), tasks=tasks,
+                             title=f"Removability map ({steps} steps): zero-gate accuracy margin fade600->0 − "
+                                   f"forced_zero (dots: seeds; n = {', '.join(map(str, sorted(set(sub_c.n_paired))))}"
+                                   " per cell)")
+            fig.write_html(out / f"{name}.html", include_plotlyjs="cdn")
+            why = export_png(fig, out / f"{name}.png")
+            if why:
+                print(f"PNG export skipped: {why}")
     print(md)
     for p in problems:
         print(f"not tabulated: {p}", file=sys.stderr)
