@@ -24,7 +24,6 @@ import os
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -32,7 +31,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from circuitfade.train.loop import RunConfig
+from circuitfade.train.loop import RunConfig, branch_config
 
 __all__ = ["run_key", "run_dir_for", "child_of", "execute", "run_sweep", "EXECUTORS"]
 
@@ -59,12 +58,11 @@ def run_dir_for(root: str | Path, cfg: RunConfig) -> Path:
     return Path(root) / run_key(cfg)
 
 
-def child_of(root: str | Path, parent: RunConfig, step: int, *, path: str, steps: int | None = None) -> RunConfig:
-    """Config of a branch from ``parent`` (trained in the same sweep root) at ``step``."""
-    model = {k: v for k, v in parent.model.items() if k not in ("gate_modes", "gate_init")}
-    tc = replace(parent.train, steps=steps if steps is not None else parent.train.steps)
-    return RunConfig(path=path, task=parent.task, model=model, train=tc, seed=parent.seed, mix=parent.mix,
-                     parent={"run": str(run_dir_for(root, parent).resolve()), "step": int(step)})
+def child_of(root: str | Path, parent: RunConfig, step: int, *, path: str, steps: int | None = None,
+             **train_overrides) -> RunConfig:
+    """Config of a branch from ``parent`` (trained in the same sweep root) at ``step``
+    (:func:`circuitfade.train.loop.branch_config` with the parent's sweep directory)."""
+    return branch_config(parent, run_dir_for(root, parent), step, path=path, steps=steps, **train_overrides)
 
 
 def execute(config: dict, run_dir: str) -> dict:
