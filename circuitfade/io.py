@@ -29,6 +29,7 @@ __all__ = [
     "OutputError",
     "atomic_write",
     "check_outputs",
+    "default_output_dir",
     "peek_shapes",
     "check_header",
     "write_json",
@@ -105,6 +106,12 @@ def check_outputs(paths, *, force: bool = False) -> list[Path]:
         except OSError as e:
             raise OutputError(f"{folder}: cannot write output files here ({e.strerror or e})") from None
     return paths
+
+
+def default_output_dir(source: str | os.PathLike, kind: str) -> Path:
+    """Where a command writes by default: ``reports/<source name>-<kind>/`` in the current folder,
+    never inside the source itself (a run directory or a shipped folder stays as it is)."""
+    return Path("reports") / f"{Path(source).resolve().name}-{kind}"
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:

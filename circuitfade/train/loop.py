@@ -133,6 +133,9 @@ class RunConfig:
     mix: Mapping = field(default_factory=dict)  # data-mix schedules: {task sample kwarg: schedule spec}
 
     def __post_init__(self):
+        for name in ("task", "model", "mix"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise ValueError(f"RunConfig.{name} must be a mapping (a JSON object), got {getattr(self, name)!r}")
         object.__setattr__(self, "task", dict(self.task))
         object.__setattr__(self, "mix", {k: str(v) for k, v in dict(self.mix).items()})
         for spec in self.mix.values():
