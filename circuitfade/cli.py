@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+import types
 import typing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -29,9 +30,11 @@ class UsageError(ValueError):
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from concurrent.futures import BrokenExecutor  # a worker process died (killed, out of memory)
+
     from circuitfade.train.loop import RunLocked, TrainingDiverged
 
-    return (ValueError, OSError, RunLocked, TrainingDiverged)
+    return (ValueError, OSError, RunLocked, TrainingDiverged, BrokenExecutor)
 
 
 def _one_line(e: BaseException) -> str:
@@ -39,8 +42,7 @@ def _one_line(e: BaseException) -> str:
         where = f"{e.filename}: " if e.filename else ""
         hint = " (disk full)" if e.errno == errno.ENOSPC else ""
         return f"{where}{e.strerror}{hint}"
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if not isinstance(e, (KeyError, TypeError)) else f"{type(e).__name__}: {text}"
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def guarded(prog: str, fn, *args) -> int:
@@ -68,7 +70,7 @@ _BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no"
 def _parse_typed(what: str, text: str, tp):
     """``text`` as a value of type ``tp`` (int, float, bool, str, X | None, tuple[...], list[...])."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", ())):
+    if origin in (typing.Union, types.UnionType):
         if text.lower() in _NONE and type(None) in args:
             return None
         for a in (a for a in args if a is not type(None)):
