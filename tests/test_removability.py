@@ -153,7 +153,9 @@ def test_tables_from_planted_runs(planted_root, tmp_path):
     # rebuild on a "new machine": the sweep root is gone, the tables come out the same
     first = (out / "map.csv").read_text(), (out / "map_cells.csv").read_text()
     shutil.rmtree(planted_root)
-    assert R.main(["--tables-only", "--runs", str(planted_root), "--out", str(out), "--no-figure"]) == 0
+    with pytest.raises(ValueError, match="--force"):  # outputs exist: nothing is replaced without --force
+        R.main(["--tables-only", "--runs", str(planted_root), "--out", str(out), "--no-figure"])
+    assert R.main(["--tables-only", "--runs", str(planted_root), "--out", str(out), "--no-figure", "--force"]) == 0
     assert ((out / "map.csv").read_text(), (out / "map_cells.csv").read_text()) == first
 
 

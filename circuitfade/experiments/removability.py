@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from circuitfade.io import atomic_write, check_outputs, read_json, write_json
 from circuitfade.train.loop import RunConfig, TrainConfig
 
 MODELS = {  # label -> RunConfig.model overrides (4 heads throughout)
@@ -226,8 +226,6 @@ def _run_dirs(root: Path) -> list[Path]:
 
 
 def _read_config(d: Path) -> RunConfig:
-    from circuitfade.io import read_json
-
     return RunConfig.from_dict(read_json(d / "config.json"))
 
 
@@ -265,7 +263,7 @@ def persist(roots: Iterable[str | Path], dest: str | Path, *, timing: pd.DataFra
             else:
                 target.mkdir(parents=True, exist_ok=True)
                 for f in RUN_FILES:
-                    shutil.copy2(d / f, target / f)
+                    atomic_write(target / f, (d / f).read_bytes())
                 counts["copied"] += 1
             tfile = target / "timing.json"
             old = json.loads(tfile.read_text()) if tfile.is_file() else None
@@ -275,8 +273,6 @@ def persist(roots: Iterable[str | Path], dest: str | Path, *, timing: pd.DataFra
             else:
                 new = {"seconds": end - start, "source": "file times", "start": start, "end": end}
             if old is None or (old.get("source") != "sweep" and new["source"] == "sweep") or (force and not same):
-                from circuitfade.io import write_json
-
                 write_json(tfile, new)
     return counts
 
@@ -541,17 +537,11 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
 
 
 # --------------------------------------------------------------------------- command
-OUTPUTS = ("map.csv", "map_cells.csv", "results.md", "map.html", "map.png", "continuation.csv",
-           "continuation_tests.csv")
-MARKER = ".circuitfade-map"
+OUTPUTS = ("map.csv", "map_cells.csv", "results.md")  # always written; figures and continuation files as asked
 
 
-def _check_out(out: Path, force: bool) -> None:
-    if (out / MARKER).is_file() or force:
-        return
-    clash = [n for n in OUTPUTS if (out / n).exists()]
-    if clash:
-        raise ValueError(f"{out}: holds {clash} not written by `circuitfade map`; pass --force to overwrite them")
+def _write_csv(df: pd.DataFrame, path: Path) -> None:
+    atomic_write(path, df.to_csv(index=False).encode())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -577,7 +567,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     roots = [Path(r) for r in (ns.runs or ["results/runs"])]
     out = Path(ns.out)
-    _check_out(out, ns.force)
+    outputs = [out / n for n in OUTPUTS]
+    if not ns.no_figure:
+        outputs += [out / "map.html", out / "map.png"]
+    if ns.continuation:
+        outputs += [out / "continuation.csv", out / "continuation_tests.csv"]
+    check_outputs(outputs, force=ns.force)  # before any training: existing outputs need --force
     cells_grid = grid(ns.models, ns.tasks, tuple(ns.steps))
     cfgs = configs(cells_grid, seeds=tuple(ns.seeds), unforced_seeds=tuple(ns.unforced_seeds))
     timing = None
@@ -592,27 +587,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.timing:
         timing = pd.read_csv(ns.timing)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("outputs of `circuitfade map`\n")
     counts = persist(roots, out / "runs", timing=timing, force=ns.force)
     print(f"persisted runs into {out / 'runs'}: {counts}")
     runs, problems = collect(out / "runs")
     cells = cell_table(runs) if len(runs) else pd.DataFrame()
-    runs.to_csv(out / "map.csv", index=False)
-    cells.to_csv(out / "map_cells.csv", index=False)
+    _write_csv(runs, out / "map.csv")
+    _write_csv(cells, out / "map_cells.csv")
     sig = tests = None
     missing: list[str] = []
     if ns.continuation and len(runs):
         sig, missing = continuation_rows(runs, roots)
-        sig.to_csv(out / "continuation.csv", index=False)
+        _write_csv(sig, out / "continuation.csv")
         tests = continuation_tests(sig, cells) if len(sig) else pd.DataFrame()
-        tests.to_csv(out / "continuation_tests.csv", index=False)
+        _write_csv(tests, out / "continuation_tests.csv")
     elif (out / "continuation.csv").is_file() and len(runs):
         sig = pd.read_csv(out / "continuation.csv")  # measured earlier (needs checkpoints); keep reporting it
         tests = continuation_tests(sig, cells) if len(sig) else pd.DataFrame()
     command = "circuitfade map " + " ".join(argv if argv is not None else sys.argv[1:])
     md = results_markdown(runs, cells, problems, sig=sig, tests=tests, missing_ckpt=missing,
                           expected=len(configs(grid(), seeds=(0, 1, 2))), command=command.strip())
-    (out / "results.md").write_text(md + "\n")
+    atomic_write(out / "results.md", (md + "\n").encode())
     if not ns.no_figure and len(cells):
         from circuitfade.viz.map import export_png, map_figure
 
@@ -625,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              title=f"Removability map ({steps} steps): zero-gate accuracy margin fade600->0 − "
                                    f"forced_zero (dots: seeds; n = {', '.join(map(str, sorted(set(sub_c.n_paired))))}"
                                    " per cell)")
-            fig.write_html(out / f"{name}.html", include_plotlyjs="cdn")
+            atomic_write(out / f"{name}.html", fig.to_html(include_plotlyjs="cdn").encode())
             why = export_png(fig, out / f"{name}.png")
             if why:
                 print(f"PNG export skipped: {why}")
