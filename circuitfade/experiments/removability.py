@@ -360,7 +360,7 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def wall_time(runs: pd.DataFrame) -> dict:
     """``{"runs", "core_seconds", "span_seconds", "sources"}``: the sum of per-run
-    seconds (one core each) and the span from the first run's start to the last
+    seconds (each run's own wall time, one process each) and the span from the first run's start to the last
     run's end (the map's wall time with the workers it had)."""
     ok = runs.dropna(subset=["seconds"])
     span = float(runs.end.max() - runs.start.min()) if runs.start.notna().any() else math.nan
@@ -504,9 +504,13 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
     if len(runs):
         lines += ["## Runs", "", _md(runs[["run", "model", "task", "path", "seed", "acc_zero", "se_zero",
                                            "acc_normal", "t50", "plateau", "seconds"]]), ""]
-        lines += [f"Wall time: {w['runs']} runs, {w['core_seconds'] / 60:.1f} core-minutes in total "
-                  f"(per-run seconds; sources: {w['sources']}); first start to last end "
-                  f"{w['span_seconds'] / 60:.1f} min (with the sweep's workers, sharing the machine).", ""]
+        per_model = runs.groupby("model", sort=False).seconds.mean() / 60
+        lines += [f"Wall time: {w['runs']} runs, {w['core_seconds'] / 60:.1f} run-minutes in total (the sum of each "
+                  f"run's own wall time; sources: {w['sources']}); first start to last end "
+                  f"{w['span_seconds'] / 60:.1f} min with the sweep's workers. Mean minutes per run: "
+                  + ", ".join(f"{m} {v:.1f}" for m, v in per_model.items())
+                  + ". Each run had one process with one torch thread; the machine's 2 cores were shared with "
+                  "other work, so these overstate the cost on an idle core.", ""]
     if problems:
         lines += ["## Runs not tabulated (unfinished or invalid)", ""] + [f"- {p}" for p in problems] + [""]
     if sig is not None and len(sig):
