@@ -45,8 +45,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
     out = ns.out or f"runs/{ns.task}/{ns.path.replace('->', 'to')}/seed{ns.seed}"
     t0 = time.time()
     res = _train_one({"config": cfg.to_dict(), "out": out, "progress": not ns.quiet})
-    print(f"{out}: step {res['step']}  acc_normal {res['acc_normal']:.3f}  acc_zero {res.get('acc_zero', float('nan')):.3f}"
-          f"  ({time.time() - t0:.0f} s)")
+    pm = cfg.make_task().primary_metric  # accuracy for token tasks, MSE for regression
+    vals = "  ".join(f"{pm.key(c)} {res.get(pm.key(c), float('nan')):.3f}" for c in ("normal", "zero"))
+    print(f"{out}: step {res['step']}  {vals}  ({time.time() - t0:.0f} s)")
     return 0
 
 

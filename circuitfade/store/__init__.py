@@ -44,7 +44,7 @@ snapshot is loaded. Nothing here touches the network: Hugging Face folders are
 read with ``local_files_only=True`` and a hub id is never passed anywhere.
 
 :func:`trace` maps metric functions over a series into one tidy DataFrame with
-columns ``step, layer, head, metric, value, note`` plus the series metadata
+columns ``step, layer, head, metric, value, se, lo, hi, note`` plus the series metadata
 (``run, run_dir, path, seed, task`` for circuitfade runs).
 """
 
@@ -54,7 +54,19 @@ from .hf import SUPPORTED_HF_ARCHITECTURES, load_hf_local
 from .runs import is_run_dir, open_run
 from .series import CheckpointSeries, Snapshot
 from .sources import WEIGHT_SUFFIXES, attach
-from .tracing import TRACE_COLUMNS, MetricOutput, NoGates, NoGatesError, PerHead, trace
+from .tracing import (
+    INTERVAL_COLUMNS,
+    TRACE_COLUMNS,
+    Metric,
+    MetricOutput,
+    NoGates,
+    NoGatesError,
+    PerHead,
+    head_label,
+    metric,
+    per_head_frame,
+    trace,
+)
 
 __all__ = [
     "Snapshot",
@@ -69,6 +81,11 @@ __all__ = [
     "WEIGHT_SUFFIXES",
     "trace",
     "TRACE_COLUMNS",
+    "INTERVAL_COLUMNS",
+    "Metric",
+    "metric",
+    "head_label",
+    "per_head_frame",
     "PerHead",
     "MetricOutput",
 ]

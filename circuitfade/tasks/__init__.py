@@ -11,7 +11,18 @@ from typing import Any, Callable
 
 from .ambiguous import AmbiguousBatch, AmbiguousRecall, AmbiguousRecallConfig
 from .assoc import AssocRecall, AssocRecallConfig
-from .base import IGNORE_INDEX, Batch, Task, eval_set
+from .base import (
+    DEFAULT_EVAL_SEED,
+    EVAL_SEED,
+    EVAL_SIZE,
+    IGNORE_INDEX,
+    Batch,
+    BatchTask,
+    PrimaryMetric,
+    Task,
+    eval_label,
+    eval_set,
+)
 from .linreg import LinearRegressionICL, LinRegConfig, RegressionBatch
 from .markov import MarkovInduction, MarkovInductionConfig
 from .repeats import Repeats, RepeatsConfig
@@ -37,6 +48,7 @@ def config_factory(task_cls: Callable[[Any], Task], config_cls: type) -> TaskFac
         return task_cls(config_cls(**kwargs))
 
     factory.__name__ = f"make_{getattr(task_cls, '__name__', 'task')}"
+    factory.config_cls = config_cls
     return factory
 
 
@@ -70,6 +82,85 @@ def make_task(name: str, **kwargs: Any) -> Task:
     return _REGISTRY[name](**kwargs)
 
 
+def _parse_value(name: str, key: str, text: str, default: Any) -> Any:
+    import json
+
+    if text.lower() in ("none", "null"):
+        return None
+    kind = type(default)
+    try:
+        if isinstance(default, bool):
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+        if isinstance(default, str):
+            return text
+        return json.loads(text)
+    except ValueError:
+        raise ValueError(f"task {name!r}: {key}={text!r} is not a valid {kind.__name__}") from None
+
+
+def parse_task_args(name: str, items: list[str] | None) -> dict:
+    """``["key=value", ...]`` (the CLI's ``--task-arg``) as ``{"name": name, key: typed value}``.
+
+    Values are parsed against the task config's fields (the type of each field's
+    default: int, float, bool as true/false, str as is; ``none``/``null`` -> None; other
+    fields as JSON). Unknown keys, ``name=...`` and malformed items raise ``ValueError``.
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown task {name!r}; known tasks: {known_tasks()}")
+    cfg_cls = getattr(_REGISTRY[name], "config_cls", None)
+    defaults = {}
+    if cfg_cls is not None:
+        for f in dataclasses.fields(cfg_cls):
+            if f.default is not dataclasses.MISSING:
+                defaults[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                defaults[f.name] = f.default_factory()  # type: ignore[misc]
+            else:
+                defaults[f.name] = None
+    out: dict = {"name": name}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"task argument: expected key=value, got {item!r}")
+        key, text = item.split("=", 1)
+        if key == "name":
+            raise ValueError("task argument: 'name' is the task itself; pass it as --task NAME")
+        if cfg_cls is not None and key not in defaults:
+            raise ValueError(f"task {name!r}: unknown argument {key!r}; valid: {sorted(defaults)}")
+        out[key] = _parse_value(name, key, text, defaults.get(key))
+    return out
+
+
+def as_task(task: Any) -> Task | None:
+    """Whatever a user passes as a task, as a :class:`Task` (``None`` stays ``None``).
+
+    Accepted: a :class:`Task`; a registered name (``"assoc"``); a dict
+    ``{"name": "assoc", **config}`` (the form in a run's ``config.json``); a user's own
+    :class:`Batch` (wrapped in :class:`BatchTask`, so evaluation uses exactly that batch).
+    Anything else raises ``ValueError`` saying what is accepted.
+    """
+    if task is None or isinstance(task, Task):
+        return task
+    if isinstance(task, str):
+        return make_task(task)
+    if isinstance(task, dict):
+        if "name" not in task:
+            raise ValueError(f"task dict: expected a 'name' key (one of {known_tasks()}), got keys {sorted(task)}")
+        kwargs = {k: v for k, v in task.items() if k != "name"}
+        return make_task(task["name"], **kwargs)
+    if isinstance(task, Batch):
+        return BatchTask(task)
+    raise ValueError(
+        f"task: expected a Task, a task name ({known_tasks()}), a dict {{'name': ..., **config}} or a "
+        f"circuitfade.tasks.Batch of your own, got {type(task).__name__}"
+    )
+
+
 register_task("assoc", config_factory(AssocRecall, AssocRecallConfig))
 register_task("markov", config_factory(MarkovInduction, MarkovInductionConfig))
 register_task("linreg", config_factory(LinearRegressionICL, LinRegConfig))
@@ -78,6 +169,14 @@ register_task("ambiguous", config_factory(AmbiguousRecall, AmbiguousRecallConfig
 
 __all__ = [
     "AmbiguousBatch",
+    "BatchTask",
+    "DEFAULT_EVAL_SEED",
+    "EVAL_SEED",
+    "EVAL_SIZE",
+    "PrimaryMetric",
+    "as_task",
+    "parse_task_args",
+    "eval_label",
     "AmbiguousRecall",
     "AmbiguousRecallConfig",
     "IGNORE_INDEX",
