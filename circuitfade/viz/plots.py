@@ -28,6 +28,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from circuitfade.store.tracing import head_label
+
 __all__ = [
     "METRIC_LABELS",
     "metric_label",
@@ -63,8 +65,7 @@ def metric_label(metric: str) -> str:
     return METRIC_LABELS.get(metric, metric)
 
 
-def _head_name(layer: int, head: int) -> str:
-    return f"L{int(layer)}H{int(head)}"
+_head_name = head_label  # the one head label, "L{layer}H{head}"
 
 
 def _fmt(v: float) -> str:
@@ -95,6 +96,9 @@ def _head_frame(traced: pd.DataFrame, metric: str) -> pd.DataFrame:
         "head": rows["head"].astype("int64").to_numpy(),
         "value": rows["value"].astype(float).to_numpy(),
     })
+    for c in ("lo", "hi"):  # interval columns of circuitfade.store.trace, when present
+        if c in rows.columns:
+            df[c] = rows[c].astype(float).to_numpy()
     dup = df.duplicated(["step", "layer", "head"])
     if dup.any():
         s, l, h = df.loc[dup, ["step", "layer", "head"]].iloc[0]
@@ -315,8 +319,14 @@ def head_timeline(
         part = df[(df["layer"] == l) & (df["head"] == h)]
         name = _head_name(l, h)
         text = [f"{name} step {s}: {_fmt(v)}" for s, v in zip(part["step"], part["value"])]
+        err = None
+        if {"lo", "hi"} <= set(part.columns) and part[["lo", "hi"]].notna().any().any():  # 95% interval whiskers
+            err = dict(type="data", array=(part["hi"] - part["value"]).clip(lower=0).fillna(0).to_numpy(),
+                       arrayminus=(part["value"] - part["lo"]).clip(lower=0).fillna(0).to_numpy(),
+                       thickness=1, width=2)
         fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=name, legendgroup=name, mode="lines+markers",
-                                 text=text, hovertemplate="%{text}<extra></extra>", marker=dict(size=5)))
+                                 text=text, hovertemplate="%{text}<extra></extra>", marker=dict(size=5),
+                                 error_y=err))
     if crossings is not None:
         plotted = set(heads)
         mask = [(int(l), int(h)) in plotted for l, h in zip(crossings["layer"], crossings["head"])]
@@ -380,8 +390,14 @@ def gate_intervention_bar(table: pd.DataFrame, *, chance: float | None = None) -
     for c, a, g, l in zip(cond, acc, gates, loss):
         s = f"{c}" + (f" ({g})" if g else "") + f": accuracy {_fmt(a)}"
         hover.append(s + (f", loss {_fmt(l)} nats" if l is not None else ""))
+    err = None
+    if {"accuracy_lo", "accuracy_hi"} <= set(table.columns):  # 95% interval (see gate_intervention_table)
+        a = table["accuracy"].astype(float)
+        err = dict(type="data", array=(table["accuracy_hi"].astype(float) - a).clip(lower=0).to_numpy(),
+                   arrayminus=(a - table["accuracy_lo"].astype(float)).clip(lower=0).to_numpy())
     fig = go.Figure(go.Bar(x=cond, y=acc, text=[f"{a:.3f}" for a in acc], textposition="outside",
-                           hovertext=hover, hovertemplate="%{hovertext}<extra></extra>", name="accuracy"))
+                           hovertext=hover, hovertemplate="%{hovertext}<extra></extra>", name="accuracy",
+                           error_y=err))
     if chance is not None:
         if isinstance(chance, bool) or not isinstance(chance, numbers.Real):
             raise ValueError(f"chance: expected a number or None, got {chance!r}")
