@@ -468,9 +468,13 @@ def mechanism_summary(traced: pd.DataFrame, by: tuple[str, ...] = ("seed",)) -> 
 
 
 def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: bool = False,
-                    eval_sets: int = MECHANISM_EVAL_SETS):
+                    eval_sets: int = MECHANISM_EVAL_SETS, out_dir: str | Path | None = None):
     """Trace each fade seed's checkpoints on ``eval_sets`` evaluation sets: successor mass +
-    zero-gate ablation importance (Table 3), with bootstrap and across-set spread."""
+    zero-gate ablation importance (Table 3), with bootstrap and across-set spread.
+
+    Writes ``mechanism_trace.csv`` (the trace without the resample arrays) and
+    ``mechanism_timeline_per_set.csv`` (the timeline of every seed and evaluation set)
+    into ``out_dir`` (default: the parent of ``root``)."""
     from circuitfade.store import open_run
 
     frames = []
@@ -482,9 +486,10 @@ def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: boo
     if not frames:
         return pd.DataFrame(), "(no run folders with checkpoints: Table 3 needs them; see results/table_mechanism.csv)"
     traced = pd.concat(frames, ignore_index=True)
-    traced.drop(columns=["boot"], errors="ignore").to_csv(Path(root).parent / "mechanism_trace.csv", index=False)
+    out_dir = Path(out_dir) if out_dir is not None else Path(root).parent
+    traced.drop(columns=["boot"], errors="ignore").to_csv(out_dir / "mechanism_trace.csv", index=False)
     long, df = mechanism_summary(traced)
-    long.to_csv(Path(root).parent / "mechanism_timeline_per_set.csv", index=False)
+    long.to_csv(out_dir / "mechanism_timeline_per_set.csv", index=False)
     note = (f"{eval_sets} independent evaluation sets of {n} examples (seeds {EVAL_SEED}..{EVAL_SEED + eval_sets - 1}); "
             f"bootstrap: {stats.DEFAULT_RESAMPLES} resamples of each set's examples (range = widest 95% interval "
             "over the sets; 'open' when some resamples never cross). Thresholds: successor mass ≥ .25, zero-gate "

@@ -20,6 +20,7 @@ import pandas as pd
 
 from circuitfade import stats
 from circuitfade.experiments import paper as P
+from circuitfade.tasks import make_task
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.train.loop import RunConfig
 
@@ -315,7 +316,10 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
         recorded = pd.read_csv(out / "results_runs.csv") if (out / "results_runs.csv").is_file() else None
         results = collect(cfgs, out / "runs", recorded, runs_dir=root)
     train_s = time.time() - t0
-    results.drop(columns=["config"], errors="ignore").to_csv(out / "results_runs.csv", index=False)
+    recorded_runs = results.drop(columns=["config"], errors="ignore").copy()
+    if not train:  # where the run lives in OUT's layout, whichever folder it was read from
+        recorded_runs["run_dir"] = [str(out / "runs" / r) for r in recorded_runs["run"]]
+    recorded_runs.to_csv(out / "results_runs.csv", index=False)
     sections, tables = [], {}
     mech = None
     for n in names:
@@ -323,6 +327,8 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
         t1 = time.time()
         if n == "paths":
             df, md = e.table(results, root, b, S_of[n], large_seeds)
+        elif n == "mechanism":
+            df, md = e.table(results, root, b, S_of[n], out_dir=out)
         else:
             df, md = e.table(results, root, b, S_of[n])
         tables[n] = df
@@ -380,7 +386,7 @@ def _write_html(out: Path, results: pd.DataFrame, root: Path) -> None:
         if not (d / "metrics.csv").is_file():
             continue
         mt = pd.read_csv(d / "metrics.csv")
-        key = "acc" if "acc_zero" in mt else "mse"
+        key = make_task(task).primary_metric.column  # acc for token tasks, mse for regression
         fig = go.Figure()
         for cond in ("normal", "zero"):
             if f"{key}_{cond}" in mt:
@@ -388,7 +394,7 @@ def _write_html(out: Path, results: pd.DataFrame, root: Path) -> None:
         if "gate_pos" in mt:
             fig.add_scatter(x=mt.step, y=mt.gate_pos, name="gate (pos, mean)", yaxis="y2", line={"dash": "dot"})
         fig.update_layout(title=f"{task} / {path} / {d.name}", xaxis_title="training step",
-                          yaxis_title="accuracy" if key == "acc" else "MSE",
+                          yaxis_title=make_task(task).primary_metric.name,
                           yaxis2={"title": "gate value", "overlaying": "y", "side": "right", "range": [0, 1]})
         figs.append(fig)
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
