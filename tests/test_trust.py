@@ -273,6 +273,33 @@ def test_one_convention_defined_once():
     assert (pm.name, pm.key("zero"), pm.direction, pm.chance) == ("accuracy", "acc_zero", "higher", 1 / 16)
 
 
+def test_the_eval_convention_is_not_part_of_run_identity():
+    """The shipped series keeps its cache key: the eval seed/size convention lives outside RunConfig."""
+    import json
+
+    from circuitfade.train.loop import RunConfig
+    from circuitfade.train.sweep import run_key
+
+    cfg = RunConfig.from_dict(json.loads((SERIES / "fade600to0" / "config.json").read_text()))
+    assert run_key(cfg) == "assoc-fade600to0-s0-78ea2186"  # the folder name in results/results_runs.csv
+
+
+def test_tables_only_rebuilds_from_the_recorded_csv(tmp_path):
+    """No run folders, only results/results_runs.csv: the tables and verdicts are rebuilt from it."""
+    import shutil
+
+    from circuitfade.experiments.reproduce import reproduce
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "results" / "results_runs.csv", tmp_path / "results_runs.csv")
+    res = reproduce(["controls"], seeds=3, out=tmp_path, train=False, progress=False)
+    md = res["markdown"]
+    assert "18 from the recorded results_runs.csv (folders gone), 0 not trained" in md
+    assert "| fade600->0 | 0.783 [0.697, 0.868] (n=3, sd 0.034) |" in md
+    assert "eval: 512 examples, seed 1000003" in md
+    v = res["tables"]["verdicts"].set_index("claim")["verdict"]
+    assert v["forced_zero fails"] == "not reproduced" and v["hard switch at 1050 falls short"] == "inconclusive"
+
+
 def _shipped_final():
     series = attach(SERIES / "fade600to0")
     m = read_metrics(SERIES / "fade600to0")
