@@ -50,6 +50,7 @@ from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCOR
 from circuitfade.analysis.spectra import elevated_pr
 from circuitfade.io import atomic_write
 from circuitfade.store import CheckpointSeries, attach
+from circuitfade.store.revisions import sound_revisions
 from circuitfade.train.loop import RunConfig, TrainConfig, train
 
 __all__ = [
@@ -169,19 +170,18 @@ def run(
 ) -> dict[str, pd.DataFrame]:
     """Screen every revision of a series and compute the series-level tables.
 
-    Steps: attach (unless given a series), :func:`~circuitfade.store.revisions.check_integrity`,
-    :func:`~circuitfade.analysis.development.screen_series` (bad revisions skipped with a
-    warning), then the tables. Returns ``{"integrity", "screen", "class_fractions",
+    Steps: attach (unless given a series), :func:`~circuitfade.store.revisions.sound_revisions`
+    (duplicate and unreadable revisions left out with a warning),
+    :func:`~circuitfade.analysis.development.screen_series`, then the tables. Returns ``{"integrity", "screen", "class_fractions",
     "emergence_shape", "layer_counts", "zero_layers", "set_convergence",
     "convergence_summary", "pr_lead", "pr_lead_all"}`` (``pr_lead``: the final induction
     heads; ``pr_lead_all``: the same test for the final heads of every class). With
     ``out`` (a folder), writes
     ``out/<html_name>`` and ``out/<table>.csv`` for each table.
     """
-    series = _series(series_or_run_dir)
+    series, integrity = sound_revisions(_series(series_or_run_dir))
     screen = screen_series(series, n=n, seq_len=seq_len, bos=bos, seed=seed, thresholds=thresholds,
-                           integrity=True, progress=progress)
-    integrity = screen.attrs["integrity"]
+                           progress=progress).table
     fractions = class_fractions(screen)
     counts = layer_counts(screen)
     conv = set_convergence(screen, jaccard_threshold=jaccard_threshold)
