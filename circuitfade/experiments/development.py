@@ -48,7 +48,7 @@ from circuitfade.analysis.development import (
 )
 from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCORES
 from circuitfade.analysis.spectra import elevated_pr
-from circuitfade.io import atomic_write
+from circuitfade.io import write_csv, write_text
 from circuitfade.store import CheckpointSeries, attach
 from circuitfade.store.revisions import sound_revisions
 from circuitfade.train.loop import RunConfig, TrainConfig, train
@@ -201,10 +201,10 @@ def run(
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         for name, df in tables.items():
-            atomic_write(out / f"{name}.csv", df.to_csv(index=False).encode())
+            write_csv(out / f"{name}.csv", df)
         meta = {"source": str(series.source), "n": n, "bos": bos if bos is not None else
                 getattr(series.task, "bos_token", None), "thresholds": {**DEFAULT_THRESHOLDS, **(thresholds or {})}}
-        atomic_write(out / html_name, report_html(tables, meta=meta).encode())
+        write_text(out / html_name, report_html(tables, meta=meta))
     return tables
 
 

@@ -63,7 +63,7 @@ import torch
 
 from circuitfade.experiments.history_protocol import (BRANCHES, DIRECTIONS, MODEL, BranchPlan, HistoryConfig,
                                                       SeedResult, balanced_plan, behaviour, example_hashes, run_seed)
-from circuitfade.io import atomic_write, write_json
+from circuitfade.io import write_csv, write_json, write_text
 from circuitfade.viz.history import history_figures
 
 __all__ = ["BRANCHES", "DIRECTIONS", "MODEL", "STUDY", "HistoryConfig", "BranchPlan", "balanced_plan",
@@ -263,7 +263,7 @@ def _write_html(figs: dict, path: Path, title: str) -> None:
         parts.append(f"<h2>{name}</h2>")
         parts.append(fig.to_html(full_html=False, include_plotlyjs=True if i == 0 else False))
     parts.append("</body></html>")
-    atomic_write(path, "\n".join(parts).encode())
+    write_text(path, "\n".join(parts))
 
 
 QUICK = dict(anchor_steps=300, period=40, relax_steps=(0, 5, 20), relax_every=5, trace_every=5, eval_size=512,
@@ -310,9 +310,9 @@ def run(seeds: int | Sequence[int] = 5, out: str | Path | None = "results/histor
     if out is not None:
         out = Path(out)
         for name, df in {"per_seed": per_seed, "summary": summary, **frames}.items():
-            atomic_write(out / f"{name}.csv", df.to_csv(index=False).encode())
+            write_csv(out / f"{name}.csv", df)
         write_json(out / "config.json", asdict(hc))
-        atomic_write(out / "results.md", (md + "\n").encode())
+        write_text(out / "results.md", md + "\n")
         _write_html(figures(frames["trace"], frames["patching"], hc), out / "figures.html",
                     "History dependence between ICL and IWL")
     return per_seed, md

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from circuitfade.gating.paths import parse_path
-from circuitfade.io import atomic_write
+from circuitfade.io import write_csv
 from circuitfade.model import LARGE_OVERRIDES
 from circuitfade.train.sweep import child_of, run_dir_for
 from circuitfade.train.loop import RunConfig, TrainConfig
@@ -350,7 +350,7 @@ def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: boo
     if not frames:
         return pd.DataFrame(), "(no finished runs)"
     traced = pd.concat(frames, ignore_index=True)
-    atomic_write(Path(root).parent / "mechanism_trace.csv", traced.to_csv(index=False).encode())
+    write_csv(Path(root).parent / "mechanism_trace.csv", traced)
     tl = consolidation_timeline(traced, DEFAULT_THRESHOLDS, by=("seed",))
     cols = {"seed": "seed", "successor_mass_top_head": "top successor head", "successor_mass_first_step": "first successor ≥ .25",
             "ablation_importance_top_head": "top ablation head", "ablation_importance_first_step": "first ablation ≥ .03",
