@@ -28,7 +28,7 @@ never recomputed and runs whose config coincides with another experiment's
 are shared. :func:`step_time_ms` measures the cost of one training step per
 prior (``benchmarks/priors.py`` prints it).
 
-    python -m circuitfade.experiments.static_baselines --seeds 3 --out results/static [--quick]
+    circuitfade static --seeds 3 --out results/static [--quick]   (or: python -m circuitfade.experiments.static_baselines ...)
 """
 
 from __future__ import annotations
