@@ -20,7 +20,7 @@ from torch import Tensor
 from circuitfade.analysis.patching import mean_replacement, patch_resid
 from circuitfade.gating.schedules import Piecewise, triangular
 from circuitfade.tasks.ambiguous import AmbiguousBatch, AmbiguousRecall
-from circuitfade.train.loop import Run, RunConfig, TrainConfig, clone_run, train
+from circuitfade.train.loop import Run, RunConfig, TrainConfig, clone_run, fit, train
 
 __all__ = ["BRANCHES", "DIRECTIONS", "MODEL", "EVAL_SEED", "HistoryConfig", "BranchPlan", "balanced_plan",
            "example_hashes", "Behaviour", "behaviour", "Setup", "Branches", "Mechanism", "SeedResult",
@@ -219,16 +219,6 @@ def _margin_fn(task: AmbiguousRecall, batch: AmbiguousBatch):
 # --------------------------------------------------------------------------------------
 # one seed
 # --------------------------------------------------------------------------------------
-def _advance(run: Run, to_step: int, sampler) -> None:
-    """Train ``run`` (in memory) up to global step ``to_step`` with ``sampler``."""
-    if to_step <= run.step:
-        return
-    cfg = run.config
-    run.config = replace(cfg, train=replace(cfg.train, steps=to_step, eval_every=to_step))
-    train(run.config, None, progress=False, sampler=sampler, run=run)
-    run.config = cfg
-
-
 @dataclass
 class Setup:
     """One seed's task, fixed evaluation set, patching subset and its margin metric."""
@@ -333,7 +323,7 @@ def follow_schedules(br: Branches, seed: int, hc: HistoryConfig, setup: Setup) -
     rows = []
     for b in BRANCHES:
         for k in sorted(set(range(hc.trace_every, hc.period, hc.trace_every)) | {hc.period}):
-            _advance(br.runs[b], hc.anchor_steps + k, br.samplers[b])
+            fit(br.runs[b], hc.anchor_steps + k, task=setup.task, progress=False, sampler=br.samplers[b])
             p = hc.schedule(b)(hc.anchor_steps + k)
             rows.append(_trace_row(seed, b, "schedule", k, p, behaviour(br.runs[b].model, setup.task, setup.ev)))
     return rows
@@ -367,7 +357,7 @@ def relax(br: Branches, seed: int, hc: HistoryConfig, setup: Setup, end: dict[st
     rows, start = [], hc.anchor_steps + hc.period
     for b in BRANCHES:
         for j in sorted(set(range(0, hc.relax_max + 1, hc.relax_every)) | set(hc.relax_steps)):
-            _advance(br.runs[b], start + j, br.samplers[b])
+            fit(br.runs[b], start + j, task=setup.task, progress=False, sampler=br.samplers[b])
             r = end[b] if j == 0 else behaviour(br.runs[b].model, setup.task, setup.ev)
             rows.append(_trace_row(seed, b, "relax", hc.period + j, hc.p0, r))
     return rows
