@@ -27,11 +27,13 @@ import pandas as pd
 
 from circuitfade import stats
 from circuitfade.gating.paths import parse_path
+from circuitfade.io import write_csv
+from circuitfade.model import LARGE_OVERRIDES
 from circuitfade.tasks import EVAL_SEED, eval_label
 from circuitfade.train.sweep import child_of, run_dir_for
 from circuitfade.train.loop import RunConfig, TrainConfig
 
-LARGE = {"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4}
+LARGE = LARGE_OVERRIDES  # the paper's larger model, as SoftPriorConfig.large() builds it
 
 # Published numbers: (zero-gate, normal) as printed in the paper.
 PAPER_T1_BASE = {
@@ -487,9 +489,9 @@ def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: boo
         return pd.DataFrame(), "(no run folders with checkpoints: Table 3 needs them; see results/table_mechanism.csv)"
     traced = pd.concat(frames, ignore_index=True)
     out_dir = Path(out_dir) if out_dir is not None else Path(root).parent
-    traced.drop(columns=["boot"], errors="ignore").to_csv(out_dir / "mechanism_trace.csv", index=False)
+    write_csv(out_dir / "mechanism_trace.csv", traced.drop(columns=["boot"], errors="ignore"))
     long, df = mechanism_summary(traced)
-    long.to_csv(out_dir / "mechanism_timeline_per_set.csv", index=False)
+    write_csv(out_dir / "mechanism_timeline_per_set.csv", long)
     note = (f"{eval_sets} independent evaluation sets of {n} examples (seeds {EVAL_SEED}..{EVAL_SEED + eval_sets - 1}); "
             f"bootstrap: {stats.DEFAULT_RESAMPLES} resamples of each set's examples (range = widest 95% interval "
             "over the sets; 'open' when some resamples never cross). Thresholds: successor mass ≥ .25, zero-gate "
