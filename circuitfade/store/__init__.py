@@ -12,7 +12,7 @@ for, so iterating holds one model in memory at a time::
 
     for step, model in series.range(0, 1200):   # eval-mode models, loaded one by one
         ...
-    df = trace(series, {"loss": loss_fn, "prev": prev_token_scores}, task)
+    df = trace(series, {"loss": loss_fn, "prev": metric(prev_token_score, inputs=("model", "batch"))}, task)
 
 Source kinds :func:`attach` accepts (dispatched in this order, each to its own
 constructor: :func:`from_run`, :func:`from_hf`, :func:`from_state_dicts`,
