@@ -48,7 +48,6 @@ def config_factory(task_cls: Callable[[Any], Task], config_cls: type) -> TaskFac
         return task_cls(config_cls(**kwargs))
 
     factory.__name__ = f"make_{getattr(task_cls, '__name__', 'task')}"
-    factory.config_cls = config_cls
     return factory
 
 
@@ -82,58 +81,32 @@ def make_task(name: str, **kwargs: Any) -> Task:
     return _REGISTRY[name](**kwargs)
 
 
-def _parse_value(name: str, key: str, text: str, default: Any) -> Any:
-    import json
-
-    if text.lower() in ("none", "null"):
-        return None
-    kind = type(default)
-    try:
-        if isinstance(default, bool):
-            if text.lower() not in ("true", "false", "1", "0"):
-                raise ValueError
-            return text.lower() in ("true", "1")
-        if isinstance(default, int):
-            return int(text)
-        if isinstance(default, float):
-            return float(text)
-        if isinstance(default, str):
-            return text
-        return json.loads(text)
-    except ValueError:
-        raise ValueError(f"task {name!r}: {key}={text!r} is not a valid {kind.__name__}") from None
-
-
 def parse_task_args(name: str, items: list[str] | None) -> dict:
     """``["key=value", ...]`` (the CLI's ``--task-arg``) as ``{"name": name, key: typed value}``.
 
-    Values are parsed against the task config's fields (the type of each field's
-    default: int, float, bool as true/false, str as is; ``none``/``null`` -> None; other
-    fields as JSON). Unknown keys, ``name=...`` and malformed items raise ``ValueError``.
+    Each value is parsed by its field's type in the task's config dataclass
+    (:func:`circuitfade.io.parse_typed`: int, float, bool as true/false, str as is,
+    ``X | None`` with ``none``/``null``, tuples and lists); unknown keys, ``name=...``
+    and items without ``=`` raise ``ValueError`` naming the problem. Used by
+    ``circuitfade train`` and ``circuitfade analyze``.
     """
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; known tasks: {known_tasks()}")
-    cfg_cls = getattr(_REGISTRY[name], "config_cls", None)
-    defaults = {}
-    if cfg_cls is not None:
-        for f in dataclasses.fields(cfg_cls):
-            if f.default is not dataclasses.MISSING:
-                defaults[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                defaults[f.name] = f.default_factory()  # type: ignore[misc]
-            else:
-                defaults[f.name] = None
-    out: dict = {"name": name}
+    import typing
+
+    from circuitfade.io import parse_typed
+
+    cfg = getattr(make_task(name), "config", None)  # unknown task names raise, listing the known ones
+    types = typing.get_type_hints(type(cfg)) if dataclasses.is_dataclass(cfg) else None
+    d: dict = {"name": name}
     for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"task argument: expected key=value, got {item!r}")
-        key, text = item.split("=", 1)
-        if key == "name":
-            raise ValueError("task argument: 'name' is the task itself; pass it as --task NAME")
-        if cfg_cls is not None and key not in defaults:
-            raise ValueError(f"task {name!r}: unknown argument {key!r}; valid: {sorted(defaults)}")
-        out[key] = _parse_value(name, key, text, defaults.get(key))
-    return out
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--task-arg expects KEY=VALUE, got {item!r}")
+        if k == "name":
+            raise ValueError("--task-arg name: 'name' is the task itself; pass it as --task NAME")
+        if types is not None and k not in types:
+            raise ValueError(f"--task-arg {k}: task {name!r} has no parameter {k!r}; its parameters: {sorted(types)}")
+        d[k] = parse_typed(f"--task-arg {k}", v, types[k]) if types is not None else parse_typed(k, v, typing.Any)
+    return d
 
 
 def as_task(task: Any) -> Task | None:
