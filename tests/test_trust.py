@@ -210,10 +210,17 @@ def test_plain_models_traced_with_a_task_name_or_own_batch_keep_every_metric():
     assert head_label(1, 3) == "L1H3"
 
 
-def test_analyze_accepts_task_arg():
-    from circuitfade.viz.report import analyze_main
+def test_analyze_accepts_task_dicts_and_task_args(tmp_path, capsys):
+    from circuitfade.viz.report import analyze, analyze_main
 
-    assert analyze_main(["nowhere", "--task-arg", "n_pairs=4"]) == 2
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=32,
+                                  attn_only=True, seed=0)
+    res = analyze([HookedTransformer(cfg), HookedTransformer(cfg)], task={"name": "assoc", "n_pairs": 4},
+                  n=64, progress=False)
+    assert res["task"].config.n_pairs == 4 and res["eval"] == "eval: 64 examples, seed 1000003"
+    assert res["traced"]["value"].notna().all()  # plain models: every metric computed, no "no gates" rows
+    assert analyze_main([str(tmp_path), "--task-arg", "n_pairs=4", "--out", str(tmp_path / "a.html")]) == 2
+    assert "--task-arg needs --task NAME" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ the timeline
