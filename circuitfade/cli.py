@@ -14,6 +14,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from circuitfade.compat import TLLineError
+
+
 def _task_dict(name: str, kv: list[str]) -> dict:
     d: dict = {"name": name}
     for item in kv or []:
@@ -124,13 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         module, func, _ = DELEGATED[argv[0]]
         try:
             return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
-        except (ValueError, FileNotFoundError) as e:
+        except (ValueError, FileNotFoundError, TLLineError) as e:
             print(f"circuitfade {argv[0]}: error: {e}", file=sys.stderr)
             return 2
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, TLLineError) as e:
         print(f"circuitfade: error: {e}", file=sys.stderr)
         return 2
 

@@ -58,13 +58,11 @@ from transformer_lens.utilities import lm_cross_entropy_loss
 
 from circuitfade import __version__
 from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read_json, save_tensors, write_json
+from circuitfade.model.files import CONFIG_FILE, GATE_MODES, WEIGHTS_FILE
 from circuitfade.model.priors import PRIORS, PriorInputs, build_prior
 
 __all__ = ["SoftPriorConfig", "SoftPriorTransformer", "GATE_MODES"]
 
-GATE_MODES = ("learned", "fixed", "scheduled")
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 _SUPPORTED_POS = ("none", "standard", "rotary", "shortformer")
 
 
