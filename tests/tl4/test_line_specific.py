@@ -99,3 +99,31 @@ def test_tl4_requirements_list_every_core_dependency_but_transformer_lens():
     assert "transformer-lens" in core and "transformer-lens" in tl4
     assert core - tl4 == set(), f"requirements-tl4.txt lacks {sorted(core - tl4)}"
     assert next(ln for ln in lines if ln.startswith("transformer-lens")).startswith("transformer-lens>=4")
+
+
+def _tl_importers(pkg):
+    import ast
+
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "transformer_lens" or n.startswith("transformer_lens.") for n in names):
+                yield rel, node.lineno
+
+
+def _outside_the_adapter(pkg):
+    return [f"{rel}:{line}" for rel, line in _tl_importers(pkg) if rel != "compat.py" and not rel.startswith("model/")]
+
+
+def test_only_compat_and_the_model_import_transformer_lens(tmp_path):
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[2] / "circuitfade"
+    assert _outside_the_adapter(pkg) == [], "import TransformerLens classes through circuitfade.compat"
+    # planted: the checker sees a lazy import inside a function of another layer
+    (tmp_path / "store").mkdir()
+    (tmp_path / "compat.py").write_text("import transformer_lens\n")
+    (tmp_path / "store" / "x.py").write_text("def f():\n    from transformer_lens.hook_points import HookPoint\n")
+    assert _outside_the_adapter(tmp_path) == ["store/x.py:2"]

@@ -307,6 +307,19 @@ def reference_pattern_last_to_first(sd, cfg, toks):
     return torch.stack(out)
 
 
+def test_traced_bridge_metrics_plot_as_heatmaps():
+    from circuitfade.viz import plots
+
+    a, b = random_pair()
+    batch = eval_set(CopyTask(), 16, seed=0)
+    df = trace(attach({0: a, 10: b}), {"mass": lambda model, batch: successor_value_mass(model, batch)},
+               batch=batch, progress=False)
+    fig = plots.head_heatmap(df, "mass")
+    assert len(fig.data) == 2  # one heatmap per step, slider over steps
+    np.testing.assert_allclose(np.asarray(fig.data[-1].z, dtype=float), successor_value_mass(b, batch).numpy(),
+                               atol=1e-6)
+
+
 def test_wrong_shaped_state_dict_fails_at_attach_naming_the_file(tmp_path):
     sd = ht_state_dict(CFG, 0)
     sd["blocks.1.attn.W_Q"] = torch.zeros(4, 16, 5)
@@ -361,6 +374,7 @@ def test_local_hf_folders_load_and_screen_like_the_hf_model(tmp_path, build):
         torch.testing.assert_close(attention_patterns(model, toks), torch.stack(out.attentions), atol=1e-5, rtol=1e-4)
     processed = load_hf_local(root / "step200", process=True)  # folded weights: same log-probs
     with torch.no_grad():
+        assert processed.W_U.mean(-1).abs().max() < 1e-5 < series[200].W_U.mean(-1).abs().max()  # center_unembed
         torch.testing.assert_close(processed(toks).log_softmax(-1), hf[200](toks).logits.log_softmax(-1),
                                    atol=1e-4, rtol=1e-4)
     table = classify_heads(series[200], d_vocab=64, n=8, seq_len=8, seed=0)
