@@ -379,3 +379,18 @@ def test_local_hf_folders_load_and_screen_like_the_hf_model(tmp_path, build):
                                    atol=1e-4, rtol=1e-4)
     table = classify_heads(series[200], d_vocab=64, n=8, seq_len=8, seed=0)
     assert len(table) == 2 * 4 and table["induction_capability"].between(0, 1).all()
+
+
+def test_hf_folder_tokenizer_is_used(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(60)} | {"<unk>": 60, "<bos>": 61, "<eos>": 62, "<pad>": 63}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<bos>",
+                                                eos_token="<eos>", pad_token="<pad>")
+    _neox(0).save_pretrained(tmp_path / "step1")
+    fast.save_pretrained(tmp_path / "step1")
+    model = load_hf_local(tmp_path / "step1")
+    assert model.tokenizer is not None
+    assert model.to_tokens("w1 w2 w3", prepend_bos=False).tolist() == [[1, 2, 3]]
