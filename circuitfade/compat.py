@@ -40,12 +40,14 @@ import inspect
 import json
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+from circuitfade.io import CheckpointError
 
 __all__ = [
     "TLLineError",
@@ -233,10 +235,12 @@ def is_tl_model(obj) -> bool:
 # --------------------------------------------------------------------------------------
 # Hugging Face models
 # --------------------------------------------------------------------------------------
-def model_from_hf(hf, model_dir: Path, config: Mapping, arch: str, *, device: str, dtype: torch.dtype,
-                  process: bool, tokenizer=None) -> nn.Module:
-    """A TransformerLens model of the loaded ``transformers`` model ``hf`` (read from
-    the local folder ``model_dir`` whose parsed ``config.json`` is ``config``), offline.
+def model_from_hf(load_hf: Callable[[], nn.Module], model_dir: Path, config: Mapping, arch: str, *, device: str,
+                  dtype: torch.dtype, process: bool, tokenizer=None) -> nn.Module:
+    """A TransformerLens model of the ``transformers`` model ``load_hf()`` (read from the
+    local folder ``model_dir`` whose parsed ``config.json`` is ``config``), offline.
+    ``load_hf`` is called once; on 3.x the HF model is dropped before the TransformerLens
+    model is built, so at most two copies of the weights are alive at once.
 
     3.x: TransformerLens's config conversion run on a copy of ``config.json`` in a
     neutral temporary folder (TL picks some architectures by substrings of the *name*,
@@ -247,8 +251,10 @@ def model_from_hf(hf, model_dir: Path, config: Mapping, arch: str, *, device: st
     ``enable_compatibility_mode(no_processing=not process)``. Either way ``process=False``
     keeps the trained weights (logits equal the HF model's) and ``process=True`` applies
     ``fold_ln``, ``center_writing_weights``, ``center_unembed``, ``fold_value_biases``.
-    Raises ValueError if TransformerLens reads another architecture than ``arch``.
+    Raises :class:`~circuitfade.io.CheckpointError` if TransformerLens reads another
+    architecture than ``arch``.
     """
+    hf = load_hf()
     if is_tl4():
         from transformer_lens import TransformerBridge
 
@@ -276,7 +282,9 @@ def model_from_hf(hf, model_dir: Path, config: Mapping, arch: str, *, device: st
             local_files_only=True,
         )
         if cfg.original_architecture != arch:
-            raise ValueError(f"TransformerLens read architecture {cfg.original_architecture!r}, config says {arch!r}")
+            raise CheckpointError(
+                f"{model_dir}: TransformerLens read architecture {cfg.original_architecture!r}, config says {arch!r}"
+            )
         cfg.model_name = model_dir.name
         cfg.tokenizer_name = None
         with torch.no_grad():
@@ -284,6 +292,7 @@ def model_from_hf(hf, model_dir: Path, config: Mapping, arch: str, *, device: st
             sd = {k: v.detach().clone() for k, v in sd.items()}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    del hf
     model = HookedTransformer(cfg, tokenizer, move_to_device=True)
     model.load_and_process_state_dict(
         sd, fold_ln=process, center_writing_weights=process, center_unembed=process, fold_value_biases=process,

@@ -93,21 +93,21 @@ def load_hf_local(
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(f"loading {model_dir} needs the 'transformers' package: {e}") from None
 
-    try:
-        hf = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=dtype)
-    except Exception as e:
-        raise CheckpointError(f"{model_dir}: transformers could not load the model: {e}") from None
-    hf.eval()
     if tokenizer is None and any((model_dir / t).is_file() for t in _HF_TOKENIZER_FILES):
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         except Exception as e:
             raise CheckpointError(f"{model_dir}: tokenizer files present but unreadable: {e}") from None
-    try:
-        return compat.model_from_hf(hf, model_dir, d, arch, device=device, dtype=dtype, process=process,
-                                    tokenizer=tokenizer)
-    except ValueError as e:
-        raise CheckpointError(f"{model_dir}: {e}") from None
+
+    def load_hf() -> nn.Module:
+        try:
+            hf = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=dtype)
+        except Exception as e:
+            raise CheckpointError(f"{model_dir}: transformers could not load the model: {e}") from None
+        return hf.eval()
+
+    return compat.model_from_hf(load_hf, model_dir, d, arch, device=device, dtype=dtype, process=process,
+                                tokenizer=tokenizer)
 
 
 def _hf_series(dirs: list[Path], steps: list[int], device, metadata, source: str) -> CheckpointSeries:
