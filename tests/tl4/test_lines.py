@@ -20,7 +20,9 @@ import torch
 
 from circuitfade import compat
 from circuitfade.analysis import (
+    NoGatesError,
     classify_heads,
+    evaluate,
     head_diagnostics,
     mean_ablation_importance,
     mean_replacement,
@@ -127,6 +129,10 @@ def test_successor_mass_and_mean_ablation_single_out_the_copy_head():
     assert (others.loc[others["layer"] == 1, "loss_increase"].abs() < 1e-6).all()
     tidy = head_diagnostics(model, batch, task, ablation_gates=None)
     assert len(tidy) == 3 * 6 and list(tidy.columns) == ["layer", "head", "metric", "value"]
+    # evaluation: a plain model has only the "normal" condition
+    assert evaluate(model, task, batch=batch)["accuracy"] == 1.0
+    with pytest.raises(NoGatesError):
+        evaluate(model, task, gates="zero", batch=batch)
 
 
 # ------------------------------------------------------------------ planted screen heads
