@@ -57,6 +57,17 @@ def test_soft_prior_config_dict_in_attach_raises_one_line(tmp_path):
 
 
 @tl4_only
+def test_attaching_a_circuitfade_run_raises_one_line_on_tl4():
+    from pathlib import Path
+
+    from circuitfade.store import attach
+
+    run = Path(__file__).resolve().parents[2] / "assets" / "series" / "fade600to0"  # a shipped soft-prior run
+    with pytest.raises(compat.TLLineError, match="needs TransformerLens 3"):
+        attach(run)
+
+
+@tl4_only
 def test_hooked_backend_for_hub_revisions_raises_on_tl4():
     from circuitfade.store.revisions import load_revision
 
