@@ -56,6 +56,7 @@ __all__ = [
     "require_tl3",
     "config_class_name",
     "config_fields",
+    "config_required_fields",
     "make_config",
     "is_config",
     "plain_model",
@@ -146,6 +147,19 @@ def config_fields() -> frozenset[str]:
             continue
         names |= {p.name for p in sig.parameters.values() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
     return frozenset(names - {"self"})
+
+
+@functools.cache
+def config_required_fields() -> tuple[str, ...]:
+    """Fields a plain-model config cannot do without, in declaration order
+    (``n_layers``, ``d_model``, ``n_ctx``, ``d_head`` on both lines)."""
+    cls = _config_class()
+    if not is_tl4():
+        return tuple(f.name for f in dataclasses.fields(cls)
+                     if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    params = inspect.signature(cls.__init__).parameters.values()
+    return tuple(p.name for p in params if p.name != "self" and p.default is p.empty
+                 and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
 
 
 def make_config(d: Mapping):

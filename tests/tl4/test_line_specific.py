@@ -81,7 +81,7 @@ def test_cli_reports_the_line_error_in_one_line(capsys, tmp_path):
 
     assert main(["train", "--steps", "1", "--quiet", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("circuitfade: error:") and "TransformerLens 3" in err and "\n" not in err
+    assert err.startswith("circuitfade train: error:") and "TransformerLens 3" in err and "\n" not in err
 
 
 @tl3_only
