@@ -138,3 +138,23 @@ def test_only_compat_and_the_model_import_transformer_lens(tmp_path):
     (tmp_path / "compat.py").write_text("import transformer_lens\n")
     (tmp_path / "store" / "x.py").write_text("def f():\n    from transformer_lens.hook_points import HookPoint\n")
     assert _outside_the_adapter(tmp_path) == ["store/x.py:2"]
+
+
+def test_every_module_imports_on_the_installed_line():
+    import importlib
+    import pkgutil
+
+    import circuitfade
+
+    names = [m.name for m in pkgutil.walk_packages(circuitfade.__path__, "circuitfade.")]
+    assert "circuitfade.store.sources" in names and "circuitfade.viz.report" in names
+    skip = {"circuitfade.__main__"}  # runs the CLI
+    if compat.is_tl4():
+        skip.add("circuitfade.model.transformer")  # the 3.x-only model itself
+    failed = {}
+    for name in sorted(set(names) - skip):
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            failed[name] = f"{type(e).__name__}: {e}"
+    assert not failed, failed
