@@ -400,3 +400,22 @@ def test_hf_folder_tokenizer_is_used(tmp_path):
     model = load_hf_local(tmp_path / "step1")
     assert model.tokenizer is not None
     assert model.to_tokens("w1 w2 w3", prepend_bos=False).tolist() == [[1, 2, 3]]
+
+
+def test_a_tl3_state_dict_gives_the_same_logits_on_this_line(tmp_path):
+    """A HookedTransformer with LayerNorm and GELU MLPs saved by TransformerLens 3.9
+    (tests/tl4/data/make_ht39_fixture.py), and its logits there: attached on either
+    line, the model gives those logits."""
+    from pathlib import Path
+
+    from circuitfade.io import load_tensors
+
+    sd = load_tensors(Path(__file__).with_name("data") / "ht39_ln_mlp.safetensors")
+    tokens, logits = sd.pop("_tokens"), sd.pop("_logits")
+    save_tensors(tmp_path / "step_5.safetensors", sd)
+    cfg = dict(n_layers=2, d_model=16, n_ctx=10, d_head=4, n_heads=4, d_vocab=12, d_mlp=32, act_fn="gelu",
+               normalization_type="LN", positional_embedding_type="standard")
+    model = attach(tmp_path, config=cfg)[5]
+    assert type(model).__name__ == LINE_MODEL
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), logits, atol=1e-5, rtol=1e-5)
