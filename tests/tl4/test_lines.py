@@ -419,3 +419,23 @@ def test_a_tl3_state_dict_gives_the_same_logits_on_this_line(tmp_path):
     assert type(model).__name__ == LINE_MODEL
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), logits, atol=1e-5, rtol=1e-5)
+
+
+def test_patching_and_mean_replacement_on_hf_folder_models(tmp_path):
+    for step, seed in ((100, 1), (200, 2)):
+        _neox(seed).save_pretrained(tmp_path / f"step{step}")
+    series = attach(tmp_path)
+    a, b = series[100], series[200]
+    toks = torch.randint(0, 64, (4, 12), generator=gen(5))
+    metric = lambda logits: logits[:, -1].log_softmax(-1)[:, 7].mean()  # noqa: E731
+    with torch.no_grad():
+        m_b = float(metric(b(toks)))
+    assert float(metric(patched_logits(a, b, toks, {}))) == pytest.approx(m_b, abs=1e-6)
+    assert resid_hooks(b)[-1][1] == "blocks.1.hook_resid_post"
+    df = patch_resid(a, b, toks, metric)
+    assert len(df) == 3 * 12 and df["value"].notna().all()
+    with torch.no_grad():
+        b.blocks[1].attn.W_O[3].zero_()  # L1H3 writes nothing (through the weight view)
+    rep = mean_replacement(b, toks, metric, position=-1).set_index("component")
+    assert rep.loc["L1H3", "delta"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(rep.loc["L1H2", "delta"]) > 1e-6 and "L0MLP" in rep.index and "all_mlps" in rep.index
