@@ -12,7 +12,7 @@ one-line :class:`~circuitfade.compat.TLLineError` when used.
 
 from circuitfade.compat import is_tl4
 from circuitfade.model import zoo as _zoo  # noqa: F401  (registers the published priors)
-from circuitfade.model.files import CONFIG_FILE, GATE_MODES, WEIGHTS_FILE
+from circuitfade.model.files import CONFIG_FILE, GATE_MODES, LARGE_OVERRIDES, WEIGHTS_FILE
 from circuitfade.model.priors import PRIORS, AttentionPrior, PriorInputs, build_prior, register_prior
 
 if is_tl4():  # the model subclasses HookedTransformer (TransformerLens 3 only): stand-ins that say so
@@ -21,6 +21,6 @@ else:
     from circuitfade.model.transformer import SoftPriorAttention, SoftPriorBlock, SoftPriorConfig, SoftPriorTransformer
 
 __all__ = [
-    "SoftPriorConfig", "SoftPriorTransformer", "SoftPriorAttention", "SoftPriorBlock", "GATE_MODES",
+    "SoftPriorConfig", "SoftPriorTransformer", "SoftPriorAttention", "SoftPriorBlock", "GATE_MODES", "LARGE_OVERRIDES",
     "CONFIG_FILE", "WEIGHTS_FILE", "PRIORS", "AttentionPrior", "PriorInputs", "build_prior", "register_prior",
 ]

@@ -120,7 +120,9 @@ def _tl_importers(pkg):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            if any(n == "transformer_lens" or n.startswith("transformer_lens.") for n in names):
+            # TransformerLens itself, or the 3.x-only model module (import circuitfade.model instead)
+            if any(n == "transformer_lens" or n.startswith("transformer_lens.") or n == "circuitfade.model.transformer"
+                   for n in names):
                 yield rel, node.lineno
 
 
@@ -132,12 +134,13 @@ def test_only_compat_and_the_model_import_transformer_lens(tmp_path):
     from pathlib import Path
 
     pkg = Path(__file__).resolve().parents[2] / "circuitfade"
-    assert _outside_the_adapter(pkg) == [], "import TransformerLens classes through circuitfade.compat"
+    assert _outside_the_adapter(pkg) == [], "import TransformerLens classes through circuitfade.compat, the model through circuitfade.model"
     # planted: the checker sees a lazy import inside a function of another layer
     (tmp_path / "store").mkdir()
     (tmp_path / "compat.py").write_text("import transformer_lens\n")
     (tmp_path / "store" / "x.py").write_text("def f():\n    from transformer_lens.hook_points import HookPoint\n")
-    assert _outside_the_adapter(tmp_path) == ["store/x.py:2"]
+    (tmp_path / "gating.py").write_text("from circuitfade.model.transformer import GATE_MODES\n")
+    assert _outside_the_adapter(tmp_path) == ["gating.py:1", "store/x.py:2"]
 
 
 def test_every_module_imports_on_the_installed_line():
