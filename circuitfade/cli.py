@@ -32,9 +32,10 @@ class UsageError(ValueError):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from concurrent.futures import BrokenExecutor  # a worker process died (killed, out of memory)
 
+    from circuitfade.compat import TLLineError  # the training line's features under TransformerLens 4
     from circuitfade.train.loop import RunLocked, TrainingDiverged
 
-    return (ValueError, OSError, RunLocked, TrainingDiverged, BrokenExecutor)
+    return (ValueError, OSError, RunLocked, TrainingDiverged, BrokenExecutor, TLLineError)
 
 
 def _one_line(e: BaseException) -> str:
