@@ -58,7 +58,7 @@ STEP_TITLE = "training step"
 GATE_TITLE = "gate value (0 = prior off, 1 = full)"
 GATE_TICKS = dict(tickmode="array", tickvals=[0, 0.25, 0.5, 0.75, 1], ticktext=["0", "0.25", "0.5", "0.75", "1"])
 """Gate-axis ticks at nice values (a secondary axis would otherwise sync its ticks to the primary's)."""
-LEGEND_RIGHT = dict(x=1.1, xanchor="left", y=1, yanchor="top")
+LEGEND_RIGHT = dict(x=1.1, xanchor="left", y=1, yanchor="top", tracegroupgap=0)
 """The legend, placed clear of the secondary (gate) axis title."""
 ACC_TITLE = "accuracy (fraction correct)"
 COLORSCALE = "Viridis"
@@ -536,7 +536,7 @@ def head_timeline(
     fig.update_xaxes(title_text=STEP_TITLE)
     fig.update_yaxes(title_text=metric_label(metric), secondary_y=False)
     fig.update_layout(title=dict(text=f"{metric_label(metric)} per head over training"), height=480,
-                      legend=dict(title=dict(text="head"), **(LEGEND_RIGHT if gate_traces else {})))
+                      legend=dict(title=dict(text="head"), **(LEGEND_RIGHT if gate_traces else dict(tracegroupgap=0))))
     return fig
 
 
