@@ -383,3 +383,68 @@ def test_page_builder_orders_sections_and_embeds_plotly_once(tmp_path):
     assert out.read_text().endswith("</body></html>")
     with pytest.raises(ValueError, match="page item"):
         page("t", [Section("s", [object()])])
+
+
+# ------------------------------------------------------------------ attention patterns
+def _uniform_attention_model(seed: int) -> HookedTransformer:
+    """A tiny model whose queries are zero: every score is equal, so attention is uniform over
+    the causal window (pattern[q, k] = 1 / (q + 1) for k <= q) - a planted, known answer."""
+    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=8, d_vocab=10,
+                                  attn_only=True, seed=seed)
+    m = HookedTransformer(cfg)
+    with torch.no_grad():
+        for block in m.blocks:
+            block.attn.W_Q.zero_()
+            block.attn.b_Q.zero_()
+    return m
+
+
+def test_attention_patterns_and_figure_on_planted_uniform_attention():
+    from circuitfade.viz.attention import attention_figure, attention_patterns, attention_view
+
+    models = {0: _uniform_attention_model(0), 50: _uniform_attention_model(1)}
+    tokens = torch.tensor([3, 1, 4, 1, 5])
+    p = attention_patterns(models, tokens, token_labels=list("abcbd"))
+    assert p.patterns.shape == (2, 2, 2, 5, 5) and p.steps == (0, 50)
+    want = np.tril(np.ones((5, 5))) / np.arange(1, 6)[:, None]
+    np.testing.assert_allclose(p.patterns[1, 1, 0], want, atol=1e-6)
+    assert p.labels == ("0:a", "1:b", "2:c", "3:b", "4:d")  # repeated tokens stay distinct
+    fig = attention_figure(p, layer=1)
+    assert len(fig.data) == 4 and [tr.visible for tr in fig.data] == [False, False, True, True]
+    (slider,) = fig.layout.sliders
+    assert [s.label for s in slider.steps] == ["0", "50"]
+    assert list(slider.steps[0].args[0]["visible"]) == [True, True, False, False]
+    assert list(fig.layout.xaxis.ticktext) == list(p.labels) and fig.layout.yaxis.autorange == "reversed"
+    assert "L1H0 step 50: query 3:b -> key 1:b: 0.250" in fig.data[2].text[3][1]
+    assert isinstance(attention_view(p, 1, backend="plotly"), type(fig))
+    with pytest.raises(ValueError, match="layer"):
+        attention_figure(p, layer=2)
+    with pytest.raises(ValueError, match="steps \\[7\\]"):
+        attention_patterns(models, tokens, steps=[7])
+    with pytest.raises(ValueError, match="n_ctx = 8"):
+        attention_patterns(models, torch.arange(9))
+
+
+def test_attention_view_uses_circuitsvis_when_installed(monkeypatch):
+    import sys
+    import types
+
+    from circuitfade.viz.attention import CircuitsVisSeries, attention_patterns, attention_view
+
+    calls = []
+    fake = types.ModuleType("circuitsvis.attention")
+    fake.attention_patterns = lambda tokens, attention: calls.append((tokens, tuple(attention.shape))) or "<cv/>"
+    pkg = types.ModuleType("circuitsvis")
+    pkg.attention = fake
+    monkeypatch.setitem(sys.modules, "circuitsvis", pkg)
+    monkeypatch.setitem(sys.modules, "circuitsvis.attention", fake)
+    p = attention_patterns([_uniform_attention_model(0)] * 3, torch.tensor([1, 2, 3]))
+    view = attention_view(p, 0)
+    assert isinstance(view, CircuitsVisSeries) and len(calls) == 3
+    assert calls[0] == (["0:1", "1:2", "2:3"], (2, 3, 3))  # [head, query, key] per step
+    assert view._repr_html_().count("<cv/>") == 3 and 'type="range"' in view.html
+    monkeypatch.setitem(sys.modules, "circuitsvis", None)
+    monkeypatch.setitem(sys.modules, "circuitsvis.attention", None)
+    assert not isinstance(attention_view(p, 0), CircuitsVisSeries)  # plotly without it
+    with pytest.raises(ImportError, match="pip install circuitsvis"):
+        attention_view(p, 0, backend="circuitsvis")
