@@ -285,15 +285,19 @@ def _gate_summary(model: SoftPriorTransformer) -> dict:
 
 
 Sampler = Callable[[int, torch.Generator], Batch]
+Logger = Callable[[int, dict], None]
+"""``logger(step, metrics)``: called with each evaluation row; see :mod:`circuitfade.train.loggers`."""
 
 
 def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progress: bool = True,
-        sampler: Sampler | None = None) -> Run:
+        sampler: Sampler | None = None, logger: Logger | None = None) -> Run:
     """The training loop, from ``run.step`` to ``run.config.train.steps``.
 
     ``sampler(step, generator) -> Batch`` replaces the default
     ``task.sample(batch_size, generator, **config.mix_at(step))`` (e.g. to replay a
-    fixed multiset of examples in a chosen order).
+    fixed multiset of examples in a chosen order). ``logger(step, metrics)`` is called
+    with each evaluation row (the ``metrics.csv`` row, a dict) as it is recorded (see
+    :mod:`circuitfade.train.loggers`).
     """
     cfg, tc, model = run.config, run.config.train, run.model
     path = cfg.gate_path()
@@ -307,6 +311,8 @@ def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progre
         run.metrics.append(row)
         if run_dir is not None:
             _write_metrics(run_dir, run.metrics)
+        if logger is not None:
+            logger(run.step, dict(row))
 
     def checkpoint() -> None:
         if run_dir is not None and run.step in ckpts:
@@ -373,13 +379,14 @@ def _finish(run: Run, run_dir: Path) -> None:
 
 
 def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, sampler: Sampler | None = None,
-          run: Run | None = None) -> Run:
+          run: Run | None = None, logger: Logger | None = None) -> Run:
     """Train ``cfg`` into ``run_dir`` (resuming or returning a finished run as needed).
 
     With ``run_dir=None`` nothing is written (handy in notebooks and tests); an
     in-memory ``run`` (e.g. a clone made with :func:`clone_run`) is then continued
     under ``cfg`` (its ``train.steps`` is where it stops).
-    ``sampler`` replaces the default batch source (see :func:`fit`).
+    ``sampler`` replaces the default batch source (see :func:`fit`); ``logger(step,
+    metrics)`` receives every evaluation row (see :mod:`circuitfade.train.loggers`).
     """
     task = cfg.make_task()
     ev = eval_set(task, n=cfg.train.eval_size, seed=EVAL_SEED)
@@ -388,7 +395,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
             raise ValueError("a branch needs a run directory to read its parent from")
         if run is not None:
             run.config = cfg
-        return fit(run or new_run(cfg), None, task, ev, progress=progress, sampler=sampler)
+        return fit(run or new_run(cfg), None, task, ev, progress=progress, sampler=sampler, logger=logger)
     run_dir = Path(run_dir)
     state = _prepare_dir(cfg, run_dir)
     run = new_run(cfg)
@@ -400,7 +407,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
                 return run
         elif cfg.parent:
             _start_from_parent(run, cfg.parent)
-        fit(run, run_dir, task, ev, progress=progress, sampler=sampler)
+        fit(run, run_dir, task, ev, progress=progress, sampler=sampler, logger=logger)
         _finish(run, run_dir)
     return run
 
