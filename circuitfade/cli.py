@@ -133,6 +133,28 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_local_series(ns: argparse.Namespace) -> int:
+    """Train the local developing series (for ``circuitfade screen``) with one torch thread and a progress bar."""
+    import torch
+
+    from circuitfade.experiments.development import LOCAL_STEPS, build_local_series, local_run_config
+
+    steps = ns.steps or LOCAL_STEPS
+    cfg = local_run_config(steps, seed=ns.seed)
+    n_ckpt = len(cfg.train.extra_checkpoints) + 1
+    print(f"circuitfade local-series: {steps} steps, seed {ns.seed}, {n_ckpt} checkpoints (step 0 and log-spaced) "
+          f"into {ns.out}/, one torch thread (about 2 min on an idle core; a finished run is reused)", flush=True)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # more threads are slower for this small model (measured: README)
+    t0 = time.time()
+    try:
+        build_local_series(ns.out, steps=steps, seed=ns.seed, progress=not ns.quiet)
+    finally:
+        torch.set_num_threads(old)
+    print(f"{ns.out}: done in {time.time() - t0:.0f} s. Next: circuitfade screen {ns.out}")
+    return 0
+
+
 # Subcommands whose argument parsing lives in their own module: name -> (module, function, help)
 DELEGATED = {
     "reproduce": ("circuitfade.experiments.reproduce", "main", "run the main paper's experiments, write results.md"),
@@ -168,6 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=3600)
     d.add_argument("--no-report", action="store_true", help="skip the HTML report of the fade run")
     d.set_defaults(func=cmd_demo)
+    ls = sub.add_parser("local-series", help="train the local developing series that `circuitfade screen` screens "
+                                             "(no download; one torch thread, progress bar)")
+    ls.add_argument("out", nargs="?", default="runs/local_series", help="run directory (default runs/local_series)")
+    ls.add_argument("--steps", type=int, help="training steps (default 3000, the measured series)")
+    ls.add_argument("--seed", type=int, default=0)
+    ls.add_argument("--quiet", action="store_true", help="no progress bar")
+    ls.set_defaults(func=cmd_local_series)
     for name, (_, _, helptext) in DELEGATED.items():
         sub.add_parser(name, help=helptext + f" (see: circuitfade {name} --help)", add_help=False)
     return ap
