@@ -143,7 +143,8 @@ def cmd_local_series(ns: argparse.Namespace) -> int:
     cfg = local_run_config(steps, seed=ns.seed)
     n_ckpt = len(cfg.train.extra_checkpoints) + 1
     print(f"circuitfade local-series: {steps} steps, seed {ns.seed}, {n_ckpt} checkpoints (step 0 and log-spaced) "
-          f"into {ns.out}/, one torch thread (about 2 min on an idle core; a finished run is reused)", flush=True)
+          f"into {ns.out}/, one torch thread (measured: 59 s idle, 189 s on a loaded 2-core machine; "
+          "a finished run is reused)", flush=True)
     old = torch.get_num_threads()
     torch.set_num_threads(1)  # more threads are slower for this small model (measured: README)
     t0 = time.time()
