@@ -39,8 +39,11 @@ def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
         assert f"| {row} |" in md
     assert ".734 ± .028" in md  # the paper's number beside ours
     assert (tmp_path / "table_controls.csv").is_file() and (tmp_path / "report.html").is_file()
+    # results.md exists now: it is replaced only with --force
+    again = ["reproduce", "controls", "--seeds", "1", "--quick", "--tables-only", "--out", str(tmp_path)]
+    assert main(again) == 2 and "--force" in capsys.readouterr().err
     # tables-only re-run trains nothing and reports the same runs as reused
-    rc = main(["reproduce", "controls", "--seeds", "1", "--quick", "--tables-only", "--out", str(tmp_path)])
+    rc = main(again + ["--force"])
     assert rc == 0
     assert "6 reused, 0 not trained, 0 failed" in (tmp_path / "results.md").read_text()
 

@@ -29,10 +29,14 @@ def test_run_key_is_stable_and_distinct():
 
 @pytest.mark.slow
 def test_local_sweep_caches_and_reports_failures(tmp_path):
-    broken = RunConfig(path="unforced", task={"name": "assoc", "n_pairs": 99}, train=TC, seed=0)
+    # a bad task config is now refused when the config is made (RunConfig validates it), so the
+    # run that fails inside the sweep is a branch whose parent checkpoint does not exist
+    with pytest.raises(ValueError, match="n_pairs"):
+        RunConfig(path="unforced", task={"name": "assoc", "n_pairs": 99}, train=TC, seed=0)
+    broken = RunConfig(path="forced_zero", train=TC, seed=0, parent={"run": str(tmp_path / "nowhere"), "step": 5})
     res = run_sweep(configs() + [broken], tmp_path, workers=2, progress=False)
     assert list(res.status) == ["done"] * 4 + ["failed"]
-    assert "n_pairs" in res.error.iloc[-1]
+    assert "nowhere" in res.error.iloc[-1]
     mtimes = {d: (run_dir_for(tmp_path, c) / "done.json").stat().st_mtime_ns for d, c in enumerate(configs())}
     again = run_sweep(configs(), tmp_path, workers=2, progress=False)
     assert list(again.status) == ["cached"] * 4

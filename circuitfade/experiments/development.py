@@ -47,7 +47,7 @@ from circuitfade.analysis.development import (
 )
 from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCORES
 from circuitfade.analysis.spectra import elevated_pr
-from circuitfade.io import atomic_write
+from circuitfade.io import atomic_write, check_outputs, default_output_dir
 from circuitfade.store import CheckpointSeries, attach
 from circuitfade.train.loop import RunConfig, TrainConfig, train
 from circuitfade.viz import plots
@@ -153,6 +153,11 @@ def _series(source) -> CheckpointSeries:
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     full = [f for f in frames if len(f)]
     return pd.concat(full, ignore_index=True) if full else frames[0]
+
+
+TABLES = ("integrity", "screen", "class_fractions", "emergence_shape", "layer_counts", "zero_layers",
+          "set_convergence", "convergence_summary", "pr_lead", "pr_lead_all")
+"""The tables :func:`run` returns and writes as ``<name>.csv``."""
 
 
 def run(
@@ -411,7 +416,8 @@ def build_parser(prog: str = "circuitfade screen") -> argparse.ArgumentParser:
                     help="a circuitfade run directory, a folder of Hugging Face model folders (step1000/, ...), "
                          "or a folder of state-dict files with config.json")
     ap.add_argument("--out", metavar="FILE",
-                    help="HTML report (default SERIES/screen.html); tables go next to it as CSV")
+                    help="HTML report (default reports/<SERIES name>-screen/screen.html); tables go next to it as CSV")
+    ap.add_argument("--force", action="store_true", help="replace output files that already exist")
     ap.add_argument("--bos", type=int, metavar="ID", help="BOS token id (default: the run task's, else none)")
     ap.add_argument("--n", type=int, default=32, help="sequences per screen input (default 32)")
     ap.add_argument("--seq-len", type=int, metavar="L", help="half-length of the repeated input (default: auto)")
@@ -429,12 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     """``circuitfade screen SERIES [--out report.html] [--bos ID] [--n N]``: exit 0, or 2 on bad input."""
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     source = Path(ns.series)
-    if ns.out:
-        out = Path(ns.out)
-    else:
-        out = source / "screen.html" if source.is_dir() else source.with_suffix(".screen.html")
+    out = Path(ns.out) if ns.out else default_output_dir(source, "screen") / "screen.html"
     t0 = time.time()
     try:
+        check_outputs([out, *(out.parent / f"{name}.csv" for name in TABLES)], force=ns.force)
         tables = run(source, out.parent, n=ns.n, seq_len=ns.seq_len, bos=ns.bos, seed=ns.seed, html_name=out.name,
                      progress=not ns.quiet)
     except (ValueError, FileNotFoundError) as e:  # CheckpointError is a ValueError

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from circuitfade.experiments import paper as P
+from circuitfade.io import check_outputs
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.train.loop import RunConfig
 
@@ -258,12 +259,18 @@ def _write_html(out: Path, results: pd.DataFrame, root: Path) -> None:
     write_page(out / "report.html", "circuitfade reproduce", [Section("Training curves", figs)])
 
 
+DEFAULT_OUT = "runs/reproduce"
+"""``circuitfade reproduce`` writes here unless ``--out`` says otherwise (never the committed results/)."""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="circuitfade reproduce", description=__doc__.splitlines()[0])
     ap.add_argument("experiments", nargs="*", help=f"any of {list(EXPERIMENTS)} (default: all)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--large-seeds", type=int, default=1, help="seeds for the large (L=4, d=128) model rows")
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", default=DEFAULT_OUT,
+                    help=f"output folder (default {DEFAULT_OUT}; runs are cached in OUT/runs)")
+    ap.add_argument("--force", action="store_true", help="replace results.md and the tables if OUT has them")
     ap.add_argument("--executor", choices=["local", "ray", "serial"], default="local")
     ap.add_argument("--address", help="Ray cluster address (with --executor ray)")
     ap.add_argument("--workers", type=int)
@@ -277,6 +284,10 @@ def main(argv=None) -> int:
         if not v.isdigit():
             ap.error(f"--seeds-for expects EXP=N, got {item!r}")
         seeds_for[k] = int(v)
+    out = Path(ns.out)
+    names = ns.experiments or list(EXPERIMENTS)
+    check_outputs([out / "results.md", out / "report.html", out / "results_runs.csv",
+                   *(out / f"table_{n}.csv" for n in names)], force=ns.force)  # before any training
     res = reproduce(ns.experiments, seeds=ns.seeds, out=ns.out, executor=ns.executor, workers=ns.workers,
                     address=ns.address, quick=ns.quick, large_seeds=ns.large_seeds, seeds_for=seeds_for,
                     train=not ns.tables_only)
