@@ -352,6 +352,9 @@ def test_class_count_figure_counts_heads():
     assert "of 8 heads" in fig.layout.title.text and list(fig.layout.xaxis.ticktext) == ["0", "10"]
     with pytest.raises(ValueError, match="count"):
         plots.class_count_figure(fr.drop(columns="count"))
+    same = pd.concat([fr, fr[fr["class"] == "induction"].assign(**{"class": "previous_token"})], ignore_index=True)
+    names = [tr.name for tr in plots.class_count_figure(same).data]
+    assert names == ["induction = previous_token (identical counts)", "bos"]  # drawn once, not hidden
 
 
 # ------------------------------------------------------------------- tables and pages

@@ -380,6 +380,8 @@ def report_html(tables: Mapping[str, pd.DataFrame], *, meta: Mapping | None = No
              f"{meta.get('bos')}; thresholds {meta.get('thresholds', DEFAULT_THRESHOLDS)}.")
     figs = figures(tables)
     figs["fractions"] = plots.class_count_figure(tables["class_fractions"], tables.get("emergence_shape"))
+    for fig in figs.values():  # room for the colour-bar titles of the small heatmaps
+        fig.update_layout(height=max(int(fig.layout.height or 450), 420))
     pr_lead = tables["pr_lead"]
     sections = [
         Section("Figures", list(figs.values())),

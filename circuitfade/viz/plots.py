@@ -648,8 +648,10 @@ def class_count_figure(fractions: pd.DataFrame, shapes: pd.DataFrame | None = No
     ``fractions``: :func:`circuitfade.analysis.development.class_fractions` (``step, class,
     count, n_heads``). Revisions are evenly spaced (they are usually log-spaced) and
     labelled with their step. ``shapes`` (:func:`~circuitfade.analysis.development.emergence_shape`)
-    adds each class's emergence shape to its legend entry. Counts read better than
-    fractions of a few heads ("4 of 8" rather than "0.5").
+    adds each class's emergence shape to its legend entry. Classes whose counts agree at
+    every revision are drawn once, named together ("induction = bos (identical counts)"),
+    so no line hides under another. Counts read better than fractions of a few heads
+    ("4 of 8" rather than "0.5").
     """
     if not isinstance(fractions, pd.DataFrame):
         raise ValueError(f"fractions: expected a DataFrame (class_fractions), got {type(fractions).__name__}")
@@ -662,12 +664,16 @@ def class_count_figure(fractions: pd.DataFrame, shapes: pd.DataFrame | None = No
     pos = {s: i for i, s in enumerate(steps)}
     n_heads = int(fractions["n_heads"].max())
     shape_of = {} if shapes is None else dict(zip(shapes["class"], shapes["shape"]))
+    wide = fractions.pivot(index="step", columns="class", values="count").sort_index()
+    classes = [c for c in dict.fromkeys(fractions["class"]) if c in wide.columns]
     fig = go.Figure()
-    for c, g in fractions.groupby("class", sort=False):
-        g = g.sort_values("step")
-        label = f"{c} ({shape_of[c]})" if c in shape_of else str(c)
-        text = [f"{c}, step {int(s)}: {int(k)} of {int(n)} heads" for s, k, n in zip(g["step"], g["count"], g["n_heads"])]
-        fig.add_trace(go.Scatter(x=[pos[int(s)] for s in g["step"]], y=g["count"].astype(int), mode="lines+markers",
+    for group in _identical_groups(wide, classes):  # classes with the same counts at every revision: one line
+        label = " = ".join(f"{c} ({shape_of[c]})" if c in shape_of else str(c) for c in group)
+        label += " (identical counts)" if len(group) > 1 else ""
+        g = wide[group[0]]
+        name = " = ".join(map(str, group))
+        text = [f"{name}, step {int(s)}: {_fmt(k) if pd.isna(k) else int(k)} of {n_heads} heads" for s, k in g.items()]
+        fig.add_trace(go.Scatter(x=[pos[int(s)] for s in g.index], y=g.to_numpy(dtype=float), mode="lines+markers",
                                  name=label, text=text, hovertemplate="%{text}<extra></extra>"))
     fig.update_layout(
         title=dict(text=f"Heads in each class (of {n_heads} heads screened)"),
