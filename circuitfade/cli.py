@@ -273,6 +273,8 @@ DELEGATED = {
                 "history dependence between in-context and in-weights learning (balanced mix schedules)"),
     "screen": ("circuitfade.experiments.development", "main",
                "screen a revision series for induction / previous-token / BOS heads, write an HTML report"),
+    "static": ("circuitfade.experiments.static_baselines", "main",
+               "static baselines (13 methods) and removability of published priors, write results.md"),
     "analyze": ("circuitfade.viz.report", "analyze_main",
                 "trace head diagnostics over a run's checkpoints, print the consolidation timeline, write an HTML report"),
 }

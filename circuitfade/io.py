@@ -33,6 +33,8 @@ __all__ = [
     "peek_shapes",
     "check_header",
     "write_json",
+    "write_text",
+    "write_csv",
     "read_json",
     "save_tensors",
     "load_tensors",
@@ -116,6 +118,16 @@ def default_output_dir(source: str | os.PathLike, kind: str) -> Path:
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return atomic_write(path, text.encode())
+
+
+def write_csv(path: str | os.PathLike, df) -> Path:
+    """Write a DataFrame ``df`` as CSV (no index) to ``path`` atomically."""
+    return atomic_write(path, df.to_csv(index=False).encode())
 
 
 def read_json(path: str | os.PathLike) -> Any:

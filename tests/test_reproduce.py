@@ -19,6 +19,18 @@ def test_budget_scales_paper_paths():
     assert q.path == "posthoc255" and q.train.steps == 615 and q.parent["step"] == 360
 
 
+def test_large_model_has_one_copy():
+    from circuitfade.analysis import DEFAULT_THRESHOLDS
+    from circuitfade.model import SoftPriorConfig
+
+    assert dict(P.LARGE) == {"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4}
+    large = SoftPriorConfig.large()
+    assert {k: getattr(large, k) for k in P.LARGE} == dict(P.LARGE)
+    # the run key computed before LARGE moved to the model layer
+    assert run_key(P.run("fade600->0", 0, P.FULL, model=P.LARGE)) == "assoc-fade600to0-s0-122d4c0e"
+    assert DEFAULT_THRESHOLDS == {"successor_mass": 0.25, "ablation_importance": 0.03}  # Table 3's
+
+
 def test_experiments_share_runs():
     """The fade600->0 seed-0 run of Table 1 is the same run (same directory) as Table 2's and Table 3's."""
     t1 = {run_key(c) for c in P.paths_configs([0], "r", P.FULL, 0)}

@@ -47,8 +47,9 @@ from circuitfade.analysis.development import (
 )
 from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCORES
 from circuitfade.analysis.spectra import elevated_pr
-from circuitfade.io import atomic_write, check_outputs, default_output_dir
+from circuitfade.io import check_outputs, default_output_dir, write_csv, write_text
 from circuitfade.store import CheckpointSeries, attach
+from circuitfade.store.revisions import sound_revisions
 from circuitfade.train.loop import RunConfig, TrainConfig, train
 from circuitfade.viz import plots
 from circuitfade.viz.html import Note, Section, page
@@ -175,19 +176,18 @@ def run(
 ) -> dict[str, pd.DataFrame]:
     """Screen every revision of a series and compute the series-level tables.
 
-    Steps: attach (unless given a series), :func:`~circuitfade.store.revisions.check_integrity`,
-    :func:`~circuitfade.analysis.development.screen_series` (bad revisions skipped with a
-    warning), then the tables. Returns ``{"integrity", "screen", "class_fractions",
-    "emergence_shape", "layer_counts", "zero_layers", "set_convergence",
+    Steps: attach (unless given a series), :func:`~circuitfade.store.revisions.sound_revisions`
+    (duplicate and unreadable revisions left out with a warning),
+    :func:`~circuitfade.analysis.development.screen_series`, then the tables. Returns ``{"integrity",
+    "screen", "class_fractions", "emergence_shape", "layer_counts", "zero_layers", "set_convergence",
     "convergence_summary", "pr_lead", "pr_lead_all"}`` (``pr_lead``: the final induction
     heads; ``pr_lead_all``: the same test for the final heads of every class). With
     ``out`` (a folder), writes
     ``out/<html_name>`` and ``out/<table>.csv`` for each table.
     """
-    series = _series(series_or_run_dir)
+    series, integrity = sound_revisions(_series(series_or_run_dir))
     screen = screen_series(series, n=n, seq_len=seq_len, bos=bos, seed=seed, thresholds=thresholds,
-                           integrity=True, progress=progress)
-    integrity = screen.attrs["integrity"]
+                           progress=progress).table
     fractions = class_fractions(screen)
     counts = layer_counts(screen)
     conv = set_convergence(screen, jaccard_threshold=jaccard_threshold)
@@ -207,10 +207,10 @@ def run(
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         for name, df in tables.items():
-            atomic_write(out / f"{name}.csv", df.to_csv(index=False).encode())
+            write_csv(out / f"{name}.csv", df)
         meta = {"source": str(series.source), "n": n, "bos": bos if bos is not None else
                 getattr(series.task, "bos_token", None), "thresholds": {**DEFAULT_THRESHOLDS, **(thresholds or {})}}
-        atomic_write(out / html_name, report_html(tables, meta=meta).encode())
+        write_text(out / html_name, report_html(tables, meta=meta))
     return tables
 
 

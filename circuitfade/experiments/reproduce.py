@@ -22,6 +22,7 @@ from circuitfade.experiments import paper as P
 from circuitfade.io import check_outputs
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.train.loop import RunConfig
+from circuitfade.io import write_csv, write_text
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
     else:
         results = collect(cfgs, root)
     train_s = time.time() - t0
-    results.drop(columns=["config"], errors="ignore").to_csv(out / "results_runs.csv", index=False)
+    write_csv(out / "results_runs.csv", results.drop(columns=["config"], errors="ignore"))
     sections, tables = [], {}
     mech = None
     for n in names:
@@ -202,7 +203,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
         tables[n] = df
         if n == "mechanism":
             mech = df
-        df.to_csv(out / f"table_{n}.csv", index=False)
+        write_csv(out / f"table_{n}.csv", df)
         sections.append(f"## {e.title}\n\n{md}\n\n_(table built in {time.time() - t1:.0f} s)_\n")
     v = verdicts(results, root, b, S, mech)  # rules use the main seed list; missing runs are skipped
     tables["verdicts"] = v
@@ -225,7 +226,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
     if len(failed):
         head += ["**Failed runs:**", ""] + [f"- `{r.run}`: {str(r.error).splitlines()[0]}" for r in failed.itertuples()] + [""]
     text = "\n".join(head) + "\n" + "\n".join(sections) + "\n## Claim-by-claim verdict\n\n" + P.md_table(v) + "\n"
-    (out / "results.md").write_text(text)
+    write_text(out / "results.md", text)
     _write_html(out, results, root)
     return {"results": results, "tables": tables, "markdown": text}
 

@@ -50,7 +50,7 @@ from circuitfade.gating.evaluation import CONDITIONS, evaluate_conditions
 from circuitfade.io import CheckpointError, atomic_write, read_json, save_tensors, write_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.gating.paths import GatePath, parse_path
-from circuitfade.gating.schedules import parse_schedule
+from circuitfade.gating.schedules import Schedule, parse_schedule
 from circuitfade.tasks import Batch, Task, eval_set, make_task
 
 __all__ = ["TrainConfig", "RunConfig", "train", "branch", "branch_config", "clone_run", "fit", "Run", "load_checkpoint",
@@ -138,14 +138,16 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{name} must be a mapping (a JSON object), got {getattr(self, name)!r}")
         object.__setattr__(self, "task", dict(self.task))
         object.__setattr__(self, "mix", {k: str(v) for k, v in dict(self.mix).items()})
-        for spec in self.mix.values():
-            parse_schedule(spec, total_steps=self.train.steps if isinstance(self.train, TrainConfig) else 3600)
         object.__setattr__(self, "model", dict(self.model))
         if isinstance(self.train, Mapping):
             object.__setattr__(self, "train", TrainConfig(**self.train))
         if "name" not in self.task:
             raise ValueError("RunConfig.task needs a 'name' (e.g. {'name': 'assoc'})")
-        path = self.gate_path()  # validates the spec
+        # the specs are parsed once, here (the spec strings stay the config's JSON form)
+        steps = self.train.steps
+        object.__setattr__(self, "_mix", {k: parse_schedule(v, total_steps=steps) for k, v in self.mix.items()})
+        object.__setattr__(self, "_gate_path", parse_path(self.path, total_steps=steps))
+        path = self.gate_path()
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED:
             raise ValueError(f"seed must be an integer in [0, 2**62), got {self.seed!r}")
         if self.parent is not None:
@@ -163,11 +165,17 @@ class RunConfig:
         _check_task_fits(task, self.model_config(task))  # model config errors surface now, naming the field
 
     def gate_path(self) -> GatePath:
-        return parse_path(self.path, total_steps=self.train.steps)
+        """The parsed gate path (parsed once, at construction)."""
+        return self._gate_path
+
+    @property
+    def mix_schedules(self) -> dict[str, Schedule]:
+        """The parsed data-mix schedules (parsed once, at construction)."""
+        return dict(self._mix)
 
     def mix_at(self, step: int) -> dict:
         """Data-mix parameters for training step ``step`` (passed to ``task.sample``)."""
-        return {k: parse_schedule(v, total_steps=self.train.steps)(step) for k, v in self.mix.items()}
+        return {k: sched(step) for k, sched in self._mix.items()}
 
     def make_task(self) -> Task:
         kw = {k: v for k, v in self.task.items() if k != "name"}
