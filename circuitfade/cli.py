@@ -105,7 +105,9 @@ def _train_one(args: dict) -> dict:
     from circuitfade.train.loop import RunConfig, train
 
     cfg = RunConfig.from_dict(args["config"])
-    run = train(cfg, args["out"], progress=args.get("progress", False))
+    queue = args.get("queue")  # the demo's progress channel: (label, step) after each evaluation
+    logger = (lambda step, _m, label=args.get("label", cfg.path): queue.put((label, step))) if queue else None
+    run = train(cfg, args["out"], progress=args.get("progress", False), logger=logger)
     return {"path": cfg.path, "seed": cfg.seed, "out": args["out"], **run.metrics[-1]}
 
 
@@ -124,6 +126,47 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _run_with_progress(jobs: list[dict], totals: dict[str, int]) -> list[dict]:
+    """Train ``jobs`` in parallel processes, one progress bar per run in this process.
+
+    Each worker's trainer reports ``(label, step)`` after every evaluation through a
+    manager queue (:mod:`circuitfade.train.loggers`' ``logger=`` hook); a finished run
+    that is reused reports nothing and its bar jumps to the end.
+    """
+    import multiprocessing as mp
+    import queue as queue_mod
+    from concurrent.futures import wait
+
+    from tqdm import tqdm
+
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    with mp.Manager() as manager, ProcessPoolExecutor(max_workers=workers) as pool:
+        q = manager.Queue()
+        bars = {label: tqdm(total=n, desc=f"{label:>12}", position=i, unit="step", leave=True,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} steps [{elapsed}<{remaining}]")
+                for i, (label, n) in enumerate(totals.items())}
+        futures = [pool.submit(_train_one, {**job, "queue": q}) for job in jobs]
+
+        def drain(timeout: float) -> None:
+            try:
+                label, step = q.get(timeout=timeout)
+            except queue_mod.Empty:
+                return
+            bar = bars[label]
+            bar.update(max(0, min(step, bar.total) - bar.n))
+
+        while not all(f.done() for f in futures):
+            drain(0.5)
+        while not q.empty():
+            drain(0)
+        wait(futures)
+        results = [f.result() for f in futures]  # re-raises a worker's error
+        for bar in bars.values():
+            bar.update(bar.total - bar.n)
+            bar.close()
+    return results
+
+
 def cmd_demo(ns: argparse.Namespace) -> int:
     from circuitfade.train.loop import RunConfig, TrainConfig
 
@@ -131,13 +174,13 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     jobs = []
     for p in paths:
         cfg = RunConfig(path=p, train=TrainConfig(steps=ns.steps), seed=ns.seed)
-        jobs.append({"config": cfg.to_dict(), "out": str(Path(ns.out) / p.replace("->", "to") / f"seed{ns.seed}")})
+        jobs.append({"config": cfg.to_dict(), "label": p,
+                     "out": str(Path(ns.out) / p.replace("->", "to") / f"seed{ns.seed}")})
     print(f"circuitfade demo: training {paths} on associative recall, seed {ns.seed}, {ns.steps} steps each, "
-          f"into {ns.out}/ (finished runs are reused)")
+          f"in parallel, into {ns.out}/ (finished runs are reused)", flush=True)
     t0 = time.time()
-    workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(_train_one, jobs))
+    results = _run_with_progress(jobs, {p: ns.steps for p in paths})
+    train_s = time.time() - t0
     print()
     print("| path | normal acc (ours) | zero-gate acc (ours) | gate at end | paper zero-gate | paper normal |")
     print("|---|---|---|---|---|---|")
@@ -146,8 +189,44 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     for r in results:
         pz, pn = PAPER_T1_BASE[r["path"]]
         print(f"| {r['path']} | {r['acc_normal']:.3f} | {r['acc_zero']:.3f} | {r['gate_pos']:.2f} | {pz} | {pn} |")
-    print(f"\nwall time {time.time() - t0:.0f} s. 'normal' = gates as at the final step (0 for fade600->0, "
-          f"so normal = zero-gate there); paper numbers are mean ± sd over seeds (Table 1).")
+    print(f"\ntraining: {train_s:.0f} s. 'normal' = gates as at the final step (0 for fade600->0, "
+          f"so normal = zero-gate there); paper numbers are mean ± sd over seeds (Table 1).", flush=True)
+    if not ns.no_report:
+        import torch
+
+        from circuitfade.viz.report import analyze
+
+        fade_dir = Path(jobs[1]["out"])
+        out = Path(ns.out) / "fade600to0_report.html"
+        print(f"\ntracing {fade_dir} for the HTML report (every checkpoint, n = 256)...", flush=True)
+        torch.set_num_threads(1)
+        t1 = time.time()
+        analyze(fade_dir, out, n=256, progress=True)
+        print(f"report: {out.resolve()} ({time.time() - t1:.0f} s; open it in a browser)")
+    print(f"wall time {time.time() - t0:.0f} s")
+    return 0
+
+
+def cmd_local_series(ns: argparse.Namespace) -> int:
+    """Train the local developing series (for ``circuitfade screen``) with one torch thread and a progress bar."""
+    import torch
+
+    from circuitfade.experiments.development import LOCAL_STEPS, build_local_series, local_run_config
+
+    steps = ns.steps or LOCAL_STEPS
+    cfg = local_run_config(steps, seed=ns.seed)
+    n_ckpt = len(cfg.train.extra_checkpoints) + 1
+    print(f"circuitfade local-series: {steps} steps, seed {ns.seed}, {n_ckpt} checkpoints (step 0 and log-spaced) "
+          f"into {ns.out}/, one torch thread (measured: 59 s idle, 189 s on a loaded 2-core machine; "
+          "a finished run is reused)", flush=True)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # more threads are slower for this small model (measured: README)
+    t0 = time.time()
+    try:
+        build_local_series(ns.out, steps=steps, seed=ns.seed, progress=not ns.quiet)
+    finally:
+        torch.set_num_threads(old)
+    print(f"{ns.out}: done in {time.time() - t0:.0f} s. Next: circuitfade screen {ns.out}")
     return 0
 
 
@@ -193,7 +272,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--steps", type=int, default=_train_default("steps"))
+    d.add_argument("--no-report", action="store_true", help="skip the HTML report of the fade run")
     d.set_defaults(func=cmd_demo)
+    ls = sub.add_parser("local-series", help="train the local developing series that `circuitfade screen` screens "
+                                             "(no download; one torch thread, progress bar)")
+    ls.add_argument("out", nargs="?", default="runs/local_series", help="run directory (default runs/local_series)")
+    ls.add_argument("--steps", type=int, help="training steps (default 3000, the measured series)")
+    ls.add_argument("--seed", type=int, default=0)
+    ls.add_argument("--quiet", action="store_true", help="no progress bar")
+    ls.set_defaults(func=cmd_local_series)
     for name, (_, _, helptext) in DELEGATED.items():
         sub.add_parser(name, help=helptext + f" (see: circuitfade {name} --help)", add_help=False)
     return ap

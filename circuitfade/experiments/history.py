@@ -66,6 +66,7 @@ from circuitfade.experiments.history_protocol import (BRANCHES, DIRECTIONS, MODE
 from circuitfade.io import write_csv, write_json, write_text
 from circuitfade.stats import t_interval  # the one Student-t interval (re-exported here)
 from circuitfade.viz.history import history_figures
+from circuitfade.viz.html import Section, write_page
 
 __all__ = ["BRANCHES", "DIRECTIONS", "MODEL", "STUDY", "HistoryConfig", "BranchPlan", "balanced_plan",
            "example_hashes", "behaviour", "sign_flip_pvalue", "t_interval", "summarize", "run_seed", "summary_table",
@@ -228,12 +229,7 @@ def figures(trace: pd.DataFrame, patching: pd.DataFrame, hc: HistoryConfig) -> d
 
 
 def _write_html(figs: dict, path: Path, title: str) -> None:
-    parts = [f"<html><head><meta charset='utf-8'><title>{title}</title></head><body><h1>{title}</h1>"]
-    for i, (name, fig) in enumerate(figs.items()):
-        parts.append(f"<h2>{name}</h2>")
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=True if i == 0 else False))
-    parts.append("</body></html>")
-    write_text(path, "\n".join(parts))
+    write_page(path, title, [Section(name, [fig]) for name, fig in figs.items()])
 
 
 QUICK = dict(anchor_steps=300, period=40, relax_steps=(0, 5, 20), relax_every=5, trace_every=5, eval_size=512,

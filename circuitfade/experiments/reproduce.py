@@ -399,9 +399,9 @@ def _write_html(out: Path, results: pd.DataFrame, root: Path) -> None:
                           yaxis_title=make_task(task).primary_metric.name,
                           yaxis2={"title": "gate value", "overlaying": "y", "side": "right", "range": [0, 1]})
         figs.append(fig)
-    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
-    write_text(out / "report.html", "<html><head><meta charset='utf-8'><title>circuitfade reproduce</title></head>"
-               "<body><h1>Training curves</h1>" + "\n".join(parts) + "</body></html>")
+    from circuitfade.viz.html import Section, write_page
+
+    write_page(out / "report.html", "circuitfade reproduce", [Section("Training curves", figs)])
 
 
 DEFAULT_OUT = "runs/reproduce"

@@ -387,6 +387,8 @@ def _gate_summary(model: SoftPriorTransformer) -> dict:
 
 
 Sampler = Callable[[int, torch.Generator], Batch]
+Logger = Callable[[int, dict], None]
+"""``logger(step, metrics)``: called with each evaluation row; see :mod:`circuitfade.train.loggers`."""
 
 
 def _finite_weights(model: torch.nn.Module) -> bool:
@@ -394,7 +396,8 @@ def _finite_weights(model: torch.nn.Module) -> bool:
 
 
 def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task: Task | None = None,
-        eval_batch: Batch | None = None, progress: bool = True, sampler: Sampler | None = None) -> Run:
+        eval_batch: Batch | None = None, progress: bool = True, sampler: Sampler | None = None,
+        logger: Logger | None = None) -> Run:
     """The training loop: advance ``run`` from ``run.step`` to global step ``until``.
 
     ``until`` defaults to ``run.config.train.steps`` (the end of the run) and may be
@@ -407,7 +410,9 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
     (pass them when calling ``fit`` many times). ``sampler(step, generator) ->
     Batch`` replaces the default ``task.sample(batch_size, generator,
     **config.mix_at(step))`` (e.g. to replay a fixed multiset of examples in a
-    chosen order). Computes with one torch thread.
+    chosen order). ``logger(step, metrics)`` is called with each evaluation row (the
+    ``metrics.csv`` row, a dict) as it is recorded (see :mod:`circuitfade.train.loggers`).
+    Computes with one torch thread.
 
     Raises :class:`TrainingDiverged` (before updating the weights) when the loss or
     the gradient norm is non-finite, or when an update leaves non-finite weights
@@ -433,6 +438,8 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
         run.metrics.append(row)
         if run_dir is not None:
             _write_metrics(run_dir, run.metrics)
+        if logger is not None:
+            logger(run.step, dict(row))
 
     def checkpoint() -> None:
         if run_dir is not None and run.step in ckpts:
@@ -538,14 +545,15 @@ def _finish(run: Run, run_dir: Path) -> None:
 
 
 def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, sampler: Sampler | None = None,
-          run: Run | None = None) -> Run:
+          run: Run | None = None, logger: Logger | None = None) -> Run:
     """Train ``cfg`` into ``run_dir`` (resuming or returning a finished run as needed).
 
     With ``run_dir=None`` nothing is written (handy in notebooks and tests); an
     in-memory ``run`` (e.g. a clone made with :func:`clone_run`) is then continued
     under ``cfg`` (its ``train.steps`` is where it stops; :func:`fit` with
     ``until=`` does the same without a new config). ``sampler`` replaces the
-    default batch source (see :func:`fit`).
+    default batch source (see :func:`fit`); ``logger(step, metrics)`` receives every
+    evaluation row (see :mod:`circuitfade.train.loggers`).
 
     Guarantees: one torch thread while computing (the caller's setting is
     restored); a finished run is returned without writing anything (so it can be
@@ -567,7 +575,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
             if run.step > cfg.train.steps:
                 return run
             return fit(run, cfg.train.steps, task=task, eval_batch=ev, progress=progress,
-                       sampler=sampler)
+                       sampler=sampler, logger=logger)
         run_dir = Path(run_dir)
         state = _dir_state(cfg, run_dir)
         if state == "done":  # read-only: no lock, no writes
@@ -595,7 +603,8 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
             elif cfg.parent:
                 _start_from_parent(run, cfg.parent)
             try:
-                fit(run, run_dir=run_dir, task=task, eval_batch=ev, progress=progress, sampler=sampler)
+                fit(run, run_dir=run_dir, task=task, eval_batch=ev, progress=progress, sampler=sampler,
+                    logger=logger)
             except TrainingDiverged as e:
                 write_json(run_dir / "failed.json", {"step": e.step, "error": e.error})
                 raise
