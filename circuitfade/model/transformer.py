@@ -58,13 +58,11 @@ from transformer_lens.utilities import lm_cross_entropy_loss
 
 from circuitfade import __version__
 from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read_json, save_tensors, write_json
+from circuitfade.model.files import CONFIG_FILE, GATE_MODES, LARGE_OVERRIDES, WEIGHTS_FILE
 from circuitfade.model.priors import PRIORS, PriorInputs, build_prior
 
-__all__ = ["SoftPriorConfig", "SoftPriorTransformer", "GATE_MODES"]
+__all__ = ["SoftPriorConfig", "SoftPriorTransformer", "GATE_MODES", "LARGE_OVERRIDES"]
 
-GATE_MODES = ("learned", "fixed", "scheduled")
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 _SUPPORTED_POS = ("none", "standard", "rotary", "shortformer")
 
 
@@ -151,10 +149,8 @@ class SoftPriorConfig(HookedTransformerConfig):
 
     @classmethod
     def large(cls, **overrides) -> "SoftPriorConfig":
-        """The paper's larger model (L=4, d=128, 4 heads of 32)."""
-        kw = dict(n_layers=4, d_model=128, d_head=32, n_heads=4)
-        kw.update(overrides)
-        return cls(**kw)
+        """The paper's larger model (L=4, d=128, 4 heads of 32): :data:`LARGE_OVERRIDES`."""
+        return cls(**{**LARGE_OVERRIDES, **overrides})
 
     # -- serialisation -------------------------------------------------------------
     def to_json_dict(self) -> dict:
