@@ -106,3 +106,12 @@ def test_noise_scale_zero_pins_a_group_and_bad_input_is_refused():
         LangevinNoise(torch.optim.SGD([a], lr=0.1), temperature="linear1->-1@0:10")
     with pytest.raises(TypeError):
         LangevinNoise(object())
+
+
+def test_anneal_demo_sgd_stays_trapped_and_annealing_escapes():
+    from circuitfade.experiments.noise import anneal_demo
+
+    res = anneal_demo(n=300, steps=600, lr=0.01, t_start=0.3, seed=0)
+    assert res["sgd"]["deep_well_fraction"] == 0.0  # gradient descent from x = 1 never crosses the barrier
+    assert res["anneal"]["lo"] > 0.05  # with noise some particles reach the deep well and stay
+    assert res["anneal"]["mean_loss"] < res["sgd"]["mean_loss"]

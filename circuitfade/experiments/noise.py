@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from circuitfade.analysis.fdt import FDTRecorder
-from circuitfade.model.transformer import SoftPriorTransformer
+from circuitfade.model import SoftPriorTransformer
 from circuitfade.stats import wilson_interval
 from circuitfade.tasks import make_task
 from circuitfade.train.langevin import LangevinNoise
@@ -33,8 +33,11 @@ __all__ = ["anneal_demo", "sgd_fdt_run"]
 
 def sgd_fdt_run(steps: int = 3000, lr: float = 0.1, batch_size: int = 64, seed: int = 0, task: str = "assoc",
                 temperature: float | str = 0.0, last: float = 0.5, early: tuple[int, int] = (0, 200),
-                n_batches: int = 20, progress: bool = False) -> dict:
-    """Train the base model with SGD (optionally Langevin noise) and measure the FDT statistic."""
+                n_batches: int = 20, weight_decay: float = 0.0, progress: bool = False) -> dict:
+    """Train the base model with SGD (optionally Langevin noise) and measure the FDT statistic.
+
+    ``weight_decay`` is added to the loss as ``(wd / 2) |theta|^2`` (so the recorded gradient is the one the
+    step applies); the reported losses are the task loss without it."""
     torch.manual_seed(seed)
     model = SoftPriorTransformer(seed=seed)
     t = make_task(task)
@@ -46,7 +49,10 @@ def sgd_fdt_run(steps: int = 3000, lr: float = 0.1, batch_size: int = 64, seed: 
         batch = t.sample(batch_size, gen)
         loss = t.loss(model(batch.model_input), batch)
         opt.zero_grad()
-        loss.backward()
+        if weight_decay:
+            (loss + 0.5 * weight_decay * sum((p * p).sum() for p in model.parameters())).backward()
+        else:
+            loss.backward()
         lv = float(loss.detach())
         if not math.isfinite(lv):
             raise RuntimeError(f"sgd_fdt_run: non-finite loss {lv} at step {step} (lr {lr} too large?)")
@@ -64,7 +70,7 @@ def sgd_fdt_run(steps: int = 3000, lr: float = 0.1, batch_size: int = 64, seed: 
     early_stat = head.statistic(lr, np.asarray(temps[e0:e1]), n_batches=10)
     w = max(1, steps // 10)
     return {"task": task, "steps": steps, "lr": lr, "batch_size": batch_size, "seed": seed,
-            "temperature": str(temperature), "n_params": rec.n_params,
+            "temperature": str(temperature), "weight_decay": weight_decay, "n_params": rec.n_params,
             "loss_first_decile": float(np.mean(losses[:w])), "loss_last_decile": float(np.mean(losses[-w:])),
             "window_last": [start, steps], "fdt_last": tail, "window_early": [e0, e1], "fdt_early": early_stat}
 
@@ -100,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--task", default="assoc")
     f.add_argument("--temperature", default="0")
     f.add_argument("--last", type=float, default=0.5, help="fraction of the run at its end to measure over")
+    f.add_argument("--weight-decay", type=float, default=0.0, help="L2 term (wd/2)|theta|^2 added to the loss")
     a = sub.add_parser("anneal", help="annealing demo on a tilted double well")
     a.add_argument("--n", type=int, default=2000)
     a.add_argument("--steps", type=int, default=3000)
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     if args.what == "fdt":
         res = sgd_fdt_run(args.steps, args.lr, args.batch_size, args.seed, args.task, args.temperature,
-                          args.last, progress=True)
+                          args.last, weight_decay=args.weight_decay, progress=True)
     else:
         res = anneal_demo(args.n, args.steps, seed=args.seed)
     print(json.dumps(res, indent=1))
