@@ -84,6 +84,8 @@ DELEGATED = {
                 "history dependence between in-context and in-weights learning (balanced mix schedules)"),
     "screen": ("circuitfade.experiments.development", "main",
                "screen a revision series for induction / previous-token / BOS heads, write an HTML report"),
+    "alignment": ("circuitfade.experiments.alignment", "main",
+                  "no-partial-credit circuit formation: part ablation, waiting times, rate equation"),
     "analyze": ("circuitfade.viz.report", "analyze_main",
                 "trace head diagnostics over a run's checkpoints, print the consolidation timeline, write an HTML report"),
 }

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from .ambiguous import AmbiguousBatch, AmbiguousRecall, AmbiguousRecallConfig
 from .assoc import AssocRecall, AssocRecallConfig
 from .base import IGNORE_INDEX, Batch, Task, eval_set
+from .kpart import KPart, KPartConfig
 from .linreg import LinearRegressionICL, LinRegConfig, RegressionBatch
 from .markov import MarkovInduction, MarkovInductionConfig
 from .repeats import Repeats, RepeatsConfig
@@ -75,12 +76,15 @@ register_task("markov", config_factory(MarkovInduction, MarkovInductionConfig))
 register_task("linreg", config_factory(LinearRegressionICL, LinRegConfig))
 register_task("repeats", config_factory(Repeats, RepeatsConfig))
 register_task("ambiguous", config_factory(AmbiguousRecall, AmbiguousRecallConfig))
+register_task("kpart", config_factory(KPart, KPartConfig))
 
 __all__ = [
     "AmbiguousBatch",
     "AmbiguousRecall",
     "AmbiguousRecallConfig",
     "IGNORE_INDEX",
+    "KPart",
+    "KPartConfig",
     "AssocRecall",
     "AssocRecallConfig",
     "Batch",
