@@ -251,3 +251,27 @@ def test_reinit_destroys_a_part_of_the_hand_built_circuit():
     with torch.no_grad():
         acc = float(task.accuracy(run.model(b.tokens), b))
     assert abs(acc - 1 / 3) < 0.08
+
+
+def test_capability_share_is_a_mix_schedule_the_trainer_follows():
+    """Drive via the data mix: RunConfig.mix schedules p_capability, so part 2 can set it per step."""
+    from circuitfade.train.loop import fit
+
+    task = make_task("kpart", k=2, v=3, n_distractors=1)
+    cfg = RunConfig(path="unforced", task={"name": "kpart", "k": 2, "v": 3, "n_distractors": 1},
+                    model=kpart_model(task), mix={"p_capability": "pw(0:0.0,2:1.0)"},
+                    train=TrainConfig(steps=4, batch_size=8, eval_every=2, eval_size=16, checkpoint_every=4,
+                                      eval_conditions=("normal",)), seed=0)
+    seen = []
+    real = task.sample
+
+    def spy(n, generator, **kw):
+        seen.append(kw.get("p_capability"))
+        return real(n, generator, **kw)
+
+    run = new_run(cfg)
+    ev = eval_set(task, 16)
+    task.sample = spy
+    fit(run, None, task, ev, progress=False)
+    assert seen == [0.0, pytest.approx(0.5), 1.0, 1.0]
+    assert [m["p_capability"] for m in run.metrics] == [0.0, 1.0, 1.0]

@@ -461,10 +461,12 @@ def series_ablation(out: Path, *, progress: bool = False) -> pd.DataFrame:
     series = attach(run_dir)
     final = series[series.steps[-1]]
     scores = capability_selectivity(final)
-    pick = {}
-    for cls in ("previous_token", "induction"):
-        s = scores[scores.metric == f"{cls}_selectivity"].sort_values("value", ascending=False).iloc[0]
-        pick[cls] = (int(s.layer), int(s.head))
+    pick: dict[str, tuple[int, int]] = {}
+    for cls in ("induction", "previous_token"):  # the top head of each class; one head is never both parts
+        ranked = scores[scores.metric == f"{cls}_selectivity"].sort_values("value", ascending=False)
+        head = next((int(r.layer), int(r.head)) for r in ranked.itertuples()
+                    if (int(r.layer), int(r.head)) not in pick.values())
+        pick[cls] = head
     task = make_task(**{**LOCAL_TASK, "score": "repeat"})
     df = trace_part_ablation(series, pick, task, method="mean", n_random=4, n=256)
     return df

@@ -29,15 +29,20 @@ itself, not from a model.
 Why heads are the parts
 -----------------------
 Each input sits at its own fixed position, so fetching it is one attention head's
-job (query position -> key ``p_i``). The permutations ``π_i`` differ per position,
-so a single head that averaged several input positions through one shared OV map
-would superpose their tokens without the position labels the target needs; with
-``permute=False`` that is not so (a head attending equally to all inputs with a
-linear value map carries ``Σ x_{p_i}``), which is why permutations are the default.
+job (query position -> key ``p_i``). Left to itself a trained one-layer model does
+not keep to that: we measured every head attending 0.2-0.5 to two or three inputs
+(a distributed code that several heads share, with no head necessary on its own),
+so "the K parts" and "re-initialise m of them" would not be defined. The model
+preset (:func:`kpart_model`) therefore pins each head's read-out attention with a
+fixed, untrained prior (:class:`PinnedReadout`): at the query, head ``i < K`` can
+attend only to input ``i``; the spare heads read a distractor or the query token.
+The K parts are then the K heads' value/output slices (with what the shared MLP does
+with them), identifiable by construction. The permutations ``π_i`` make every input
+enter the target differently, so no head could stand in for another.
 The read-out needs a non-linearity: no read-out that is a *sum* of per-input terms
 (what a one-layer attention-only model computes, ``logit_y = Σ_i f_i(x_{p_i}, y)``)
 can compute ``y`` (already for ``V = 2, K = 2`` the four sign conditions of XOR
-contradict each other), so the model preset has one MLP layer after the K heads.
+contradict each other), so the preset has one MLP layer after the heads.
 
 The hand-built solution (:func:`hand_built_model`) sets every weight by hand and
 solves the task exactly: head ``i`` attends only to ``p_i`` and writes ``π_i(x_{p_i})``
