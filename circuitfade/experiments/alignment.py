@@ -31,6 +31,7 @@ reused. Waits are in training steps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -378,9 +379,10 @@ def _ratio_ci(a: np.ndarray, b: np.ndarray, n: int = 4000, seed: int = 0) -> tup
 
 
 def wait_table(reinit: pd.DataFrame) -> pd.DataFrame:
-    """Per (K, m, drive): seeds, ignited, median wait with a bootstrap 95% interval, mean acc after re-init."""
+    """Per (K, m, drive): seeds (with a base circuit to re-ignite), ignited, median wait with a bootstrap 95% interval, mean acc after re-init."""
     rows = []
     for (k, m, d), g in reinit.groupby(["k", "m", "drive"]):
+        g = g[g["status"] != "no base"]  # a seed whose base circuit never formed has nothing to re-ignite
         w = g["wait"].dropna().to_numpy(dtype=float)
         med, lo, hi = _boot_median(w)
         rows.append({"k": k, "m": m, "drive": d, "seeds": len(g), "ignited": len(w),
@@ -390,27 +392,52 @@ def wait_table(reinit: pd.DataFrame) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------ figures
-def _save(fig: go.Figure, stem: Path) -> list[str]:
-    fig.write_html(stem.with_suffix(".html"), include_plotlyjs="cdn")
-    written = [stem.with_suffix(".html").name]
-    try:
-        import plotly
-        from kaleido.scopes.plotly import PlotlyScope
+_PNG_SCRIPT = """
+import json, os, sys
+import plotly
+from kaleido.scopes.plotly import PlotlyScope
+js = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")  # no CDN
+scope = PlotlyScope(plotlyjs=js, mathjax=False)
+fig = json.load(open(sys.argv[1]))
+height = int((fig.get("layout") or {}).get("height") or 450)
+open(sys.argv[2], "wb").write(scope.transform(fig, format="png", width=900, height=height))
+"""
 
-        js = Path(os.path.dirname(plotly.__file__)) / "package_data" / "plotly.min.js"
-        scope = PlotlyScope(plotlyjs=str(js), mathjax=False)
-        png = scope.transform(json.loads(fig.to_json()), format="png", width=900, height=int(fig.layout.height or 450))
-        stem.with_suffix(".png").write_bytes(png)
-        written.append(stem.with_suffix(".png").name)
-    except Exception as e:  # noqa: BLE001 - PNG export is optional
-        print(f"PNG export skipped for {stem.name}: {type(e).__name__}: {e}")
+
+def _save(fig: go.Figure, stem: Path, *, timeout: float = 240.0) -> list[str]:
+    """HTML always; PNG where kaleido is installed, in a child process with a timeout (kaleido
+    0.2.1 can hang on a loaded machine; a figure is then reported as HTML only, never half-written)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    html, png = stem.with_suffix(".html"), stem.with_suffix(".png")
+    fig.write_html(html, include_plotlyjs="cdn")
+    written = [html.name]
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "fig.json", Path(tmp) / "fig.png"
+        src.write_text(fig.to_json())
+        proc = subprocess.Popen([sys.executable, "-c", _PNG_SCRIPT, str(src), str(dst)], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            if proc.wait(timeout=timeout) != 0:
+                raise OSError(f"exit status {proc.returncode}")
+            png.write_bytes(dst.read_bytes())
+            written.append(png.name)
+        except (subprocess.TimeoutExpired, OSError) as e:
+            import signal
+
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the exporter and the browser it started
+            proc.wait()
+            print(f"PNG export skipped for {stem.name}: {type(e).__name__}: {e}")
     return written
 
 
 def wait_figure(table: pd.DataFrame) -> go.Figure:
     """Median waiting time (95% bootstrap interval over seeds) vs missing parts m, one line per K."""
     fig = go.Figure()
-    t = table[table.drive == 1.0]
+    t = table[(table.drive == 1.0) & np.isfinite(table.wait_median)]
     for k, g in t.groupby("k"):
         g = g.sort_values("m")
         fig.add_scatter(x=g.m, y=g.wait_median, mode="lines+markers", name=f"K = {k}",
@@ -429,7 +456,7 @@ def retained_figure(ablation: pd.DataFrame, series: pd.DataFrame | None = None) 
     a = ablation[ablation.method == "mean"]
     rng = np.random.default_rng(0)
     for kind, color in (("part", "#d62728"), ("random", "#7f7f7f")):
-        cells = a[a.kind == kind].groupby(["k", "seed"]).retained.mean().reset_index()
+        cells = a[a.kind == kind].groupby(["k", "seed"]).retained.mean().reset_index().dropna()
         x = cells.k + rng.uniform(-0.12, 0.12, len(cells)) + (0.25 if kind == "random" else 0)
         fig.add_scatter(x=x, y=cells.retained, mode="markers", marker={"color": color, "size": 8},
                         name="one part ablated (cell = K x seed)" if kind == "part" else "one random non-part head")
@@ -437,6 +464,7 @@ def retained_figure(ablation: pd.DataFrame, series: pd.DataFrame | None = None) 
     fig.add_scatter(x=[None if dx is None else k + dx for k in ks for dx in (-0.3, 0.45, None)],
                     y=[v for k in ks for v in ((k - 1) / k, (k - 1) / k, None)], mode="lines",
                     line={"dash": "dash", "color": "black"}, name="partial credit (K-1)/K")
+    series = None if series is None else series[np.isfinite(series.retained)]
     if series is not None and len(series):
         fig.add_scatter(x=[1.0] * len(series), y=series.retained, mode="markers",
                         marker={"color": "#1f77b4", "size": 8, "symbol": "diamond"},
@@ -449,15 +477,20 @@ def retained_figure(ablation: pd.DataFrame, series: pd.DataFrame | None = None) 
 
 
 # ------------------------------------------------------------------ the developing series
+SERIES_STEPS = 1000
+"""Length of the local developing series used here (the induction circuit is in place by step 633 of
+the 3,000-step series; 1,000 steps keep the build to a few CPU seconds per hundred steps)."""
+
+
 def series_ablation(out: Path, *, progress: bool = False) -> pd.DataFrame:
-    """Part ablation over the local developing series: parts = the previous-token and the
-    induction heads the screens find at the final checkpoint (top head of each class)."""
+    """Part ablation over the local developing series (:data:`SERIES_STEPS` steps): parts = the
+    previous-token and the induction head the screens rank first at the final checkpoint."""
     from circuitfade.analysis.parts import trace_part_ablation
     from circuitfade.analysis.screens import capability_selectivity
     from circuitfade.experiments.development import LOCAL_TASK, build_local_series
     from circuitfade.store import attach
 
-    run_dir = build_local_series(out / "runs" / "development-series", progress=progress)
+    run_dir = build_local_series(out / "runs" / "development-series", steps=SERIES_STEPS, progress=progress)
     series = attach(run_dir)
     final = series[series.steps[-1]]
     scores = capability_selectivity(final)
@@ -534,6 +567,9 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"--seeds must be a positive integer, got {seeds!r}")
+    import torch
+
+    torch.set_num_threads(1)  # the developing series and the analyses run in this process
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
