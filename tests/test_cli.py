@@ -29,3 +29,14 @@ def test_demo_prints_both_paths_with_paper_numbers(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| unforced |" in out and "| fade600->0 |" in out
     assert ".734 ± .028" in out and ".780 ± .007" in out
+    # the HTML report of the fade run, written into the demo folder, and its path printed
+    report = tmp_path / "fade600to0_report.html"
+    assert f"report: {report.resolve()}" in out and "Consolidation timeline" in report.read_text()
+
+
+@pytest.mark.slow
+def test_demo_shows_progress_for_both_runs(tmp_path, capfd):
+    assert main(["demo", "--steps", "10", "--out", str(tmp_path), "--no-report"]) == 0
+    err = capfd.readouterr().err
+    assert "unforced: 100%" in err and "fade600->0: 100%" in err and "10/10 steps" in err
+    assert not (tmp_path / "fade600to0_report.html").exists()

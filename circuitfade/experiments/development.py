@@ -24,7 +24,6 @@ local series and, with no download, on a small model grown here:
 from __future__ import annotations
 
 import argparse
-import html
 import sys
 import time
 from collections.abc import Mapping
@@ -48,9 +47,12 @@ from circuitfade.analysis.development import (
 )
 from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCORES
 from circuitfade.analysis.spectra import elevated_pr
-from circuitfade.io import atomic_write
+from circuitfade.io import check_outputs, default_output_dir, write_csv, write_text
 from circuitfade.store import CheckpointSeries, attach
+from circuitfade.store.revisions import sound_revisions
 from circuitfade.train.loop import RunConfig, TrainConfig, train
+from circuitfade.viz import plots
+from circuitfade.viz.html import Note, Section, page
 
 __all__ = [
     "LOCAL_STEPS",
@@ -154,6 +156,11 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(full, ignore_index=True) if full else frames[0]
 
 
+TABLES = ("integrity", "screen", "class_fractions", "emergence_shape", "layer_counts", "zero_layers",
+          "set_convergence", "convergence_summary", "pr_lead", "pr_lead_all")
+"""The tables :func:`run` returns and writes as ``<name>.csv``."""
+
+
 def run(
     series_or_run_dir,
     out: str | Path | None = None,
@@ -169,19 +176,18 @@ def run(
 ) -> dict[str, pd.DataFrame]:
     """Screen every revision of a series and compute the series-level tables.
 
-    Steps: attach (unless given a series), :func:`~circuitfade.store.revisions.check_integrity`,
-    :func:`~circuitfade.analysis.development.screen_series` (bad revisions skipped with a
-    warning), then the tables. Returns ``{"integrity", "screen", "class_fractions",
-    "emergence_shape", "layer_counts", "zero_layers", "set_convergence",
+    Steps: attach (unless given a series), :func:`~circuitfade.store.revisions.sound_revisions`
+    (duplicate and unreadable revisions left out with a warning),
+    :func:`~circuitfade.analysis.development.screen_series`, then the tables. Returns ``{"integrity",
+    "screen", "class_fractions", "emergence_shape", "layer_counts", "zero_layers", "set_convergence",
     "convergence_summary", "pr_lead", "pr_lead_all"}`` (``pr_lead``: the final induction
     heads; ``pr_lead_all``: the same test for the final heads of every class). With
     ``out`` (a folder), writes
     ``out/<html_name>`` and ``out/<table>.csv`` for each table.
     """
-    series = _series(series_or_run_dir)
+    series, integrity = sound_revisions(_series(series_or_run_dir))
     screen = screen_series(series, n=n, seq_len=seq_len, bos=bos, seed=seed, thresholds=thresholds,
-                           integrity=True, progress=progress)
-    integrity = screen.attrs["integrity"]
+                           progress=progress).table
     fractions = class_fractions(screen)
     counts = layer_counts(screen)
     conv = set_convergence(screen, jaccard_threshold=jaccard_threshold)
@@ -201,10 +207,10 @@ def run(
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         for name, df in tables.items():
-            atomic_write(out / f"{name}.csv", df.to_csv(index=False).encode())
+            write_csv(out / f"{name}.csv", df)
         meta = {"source": str(series.source), "n": n, "bos": bos if bos is not None else
                 getattr(series.task, "bos_token", None), "thresholds": {**DEFAULT_THRESHOLDS, **(thresholds or {})}}
-        atomic_write(out / html_name, report_html(tables, meta=meta).encode())
+        write_text(out / html_name, report_html(tables, meta=meta))
     return tables
 
 
@@ -347,61 +353,55 @@ def figures(tables: Mapping[str, pd.DataFrame]) -> dict[str, go.Figure]:
     return out
 
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
-table.table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0 1.5em; }
-table.table th, table.table td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; }
-.note { color: #666; font-style: italic; }
-"""
-
-
-def _table(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}", border=0, classes="table")
-
-
 def _wide_fractions(fractions: pd.DataFrame) -> pd.DataFrame:
     w = fractions.pivot(index="step", columns="class", values="fraction").reset_index()
     w.columns.name = None
     return w[["step", *[c for c in SCORES if c in w.columns]]]
 
 
+def _wide_counts(fractions: pd.DataFrame) -> pd.DataFrame:
+    """Heads in each class per revision, as ``count`` columns plus ``of`` (heads screened)."""
+    w = fractions.pivot(index="step", columns="class", values="count").reset_index()
+    w.columns.name = None
+    w = w[["step", *[c for c in SCORES if c in w.columns]]]
+    return w.assign(of=fractions.groupby("step", sort=True)["n_heads"].first().to_numpy())
+
+
 def report_html(tables: Mapping[str, pd.DataFrame], *, meta: Mapping | None = None,
                 title: str = "circuitfade developmental screens") -> str:
-    """One self-contained HTML page (plotly.js embedded once) from :func:`run`'s tables."""
+    """One self-contained HTML page (:func:`circuitfade.viz.html.page`) from :func:`run`'s tables:
+    the figures first, then the tables (class membership as head counts)."""
     meta = dict(meta or {})
     screen = tables["screen"]
     steps = sorted(screen["step"].unique())
     skipped = tables["integrity"][tables["integrity"]["status"] != "ok"]
-    parts = [
-        "<!DOCTYPE html>", '<html><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>Source <code>{html.escape(str(meta.get('source', '?')))}</code>: {len(steps)} revisions screened "
-        f"(steps {steps[0]}&ndash;{steps[-1]}), {len(skipped)} skipped; {meta.get('n', '?')} sequences per "
-        f"screen input, BOS token {html.escape(str(meta.get('bos')))}; thresholds "
-        f"{html.escape(str(meta.get('thresholds', DEFAULT_THRESHOLDS)))}.</p>",
-        "<h2>Integrity</h2>", _table(tables["integrity"][["step", "source", "status"]]),
-        "<h2>Class fractions (whole model)</h2>", _table(_wide_fractions(tables["class_fractions"])),
-        "<h2>Emergence shape</h2>",
-        '<p class="note">sharp: the largest change between adjacent revisions is at least half of the net change '
-        "from the first to the last revision; flat: net change below 0.05.</p>",
-        _table(tables["emergence_shape"]),
-        "<h2>Layers that never have a head of a class</h2>",
-        _table(tables["zero_layers"][tables["zero_layers"]["zero_at_every_revision"]]),
-        "<h2>Convergence of the induction set to the final set</h2>",
-        _table(tables["convergence_summary"]), _table(tables["set_convergence"]),
-        "<h2>PR lead test (final induction heads)</h2>",
-        '<p class="note">elevated_by_cross: head-output PR elevated (above its earlier revisions\' mean by more '
-        "than 2 sd) at or before the first revision where induction selectivity crosses the threshold.</p>",
-        _table(tables["pr_lead"]) if len(tables["pr_lead"]) else "<p>No induction heads at the final revision.</p>",
-        "<h3>The same test for the final heads of every class</h3>", _table(tables["pr_lead_all"]),
-        "<h2>Figures</h2>",
+    intro = (f"Source {meta.get('source', '?')}: {len(steps)} revisions screened (steps {steps[0]}-{steps[-1]}), "
+             f"{len(skipped)} skipped; {meta.get('n', '?')} sequences per screen input, BOS token "
+             f"{meta.get('bos')}; thresholds {meta.get('thresholds', DEFAULT_THRESHOLDS)}.")
+    figs = figures(tables)
+    figs["fractions"] = plots.class_count_figure(tables["class_fractions"], tables.get("emergence_shape"))
+    for fig in figs.values():  # room for the colour-bar titles of the small heatmaps
+        fig.update_layout(height=max(int(fig.layout.height or 450), 420))
+    pr_lead = tables["pr_lead"]
+    sections = [
+        Section("Figures", list(figs.values())),
+        Section("Heads in each class (count per revision)", [_wide_counts(tables["class_fractions"])]),
+        Section("Emergence shape", [
+            Note("sharp: the largest change between adjacent revisions is at least half of the net change from "
+                 "the first to the last revision; flat: net change below 0.05."),
+            tables["emergence_shape"]]),
+        Section("Layers that never have a head of a class",
+                [tables["zero_layers"][tables["zero_layers"]["zero_at_every_revision"]]]),
+        Section("Convergence of the induction set to the final set",
+                [tables["convergence_summary"], tables["set_convergence"]]),
+        Section("PR lead test (final induction heads)", [
+            Note("elevated_by_cross: head-output PR elevated (above its earlier revisions' mean by more than 2 sd) "
+                 "at or before the first revision where induction selectivity crosses the threshold."),
+            pr_lead if len(pr_lead) else "No induction heads at the final revision."]),
+        Section("The same test for the final heads of every class", [tables["pr_lead_all"]], level=3),
+        Section("Integrity", [tables["integrity"][["step", "source", "status"]]]),
     ]
-    for i, fig in enumerate(figures(tables).values()):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0,
-                                 default_height=f"{fig.layout.height or 450}px"))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return page(title, sections, intro=intro)
 
 
 # --------------------------------------------------------------------------------------
@@ -418,7 +418,8 @@ def build_parser(prog: str = "circuitfade screen") -> argparse.ArgumentParser:
                     help="a circuitfade run directory, a folder of Hugging Face model folders (step1000/, ...), "
                          "or a folder of state-dict files with config.json")
     ap.add_argument("--out", metavar="FILE",
-                    help="HTML report (default SERIES/screen.html); tables go next to it as CSV")
+                    help="HTML report (default reports/<SERIES name>-screen/screen.html); tables go next to it as CSV")
+    ap.add_argument("--force", action="store_true", help="replace output files that already exist")
     ap.add_argument("--bos", type=int, metavar="ID", help="BOS token id (default: the run task's, else none)")
     ap.add_argument("--n", type=int, default=32, help="sequences per screen input (default 32)")
     ap.add_argument("--seq-len", type=int, metavar="L", help="half-length of the repeated input (default: auto)")
@@ -436,12 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     """``circuitfade screen SERIES [--out report.html] [--bos ID] [--n N]``: exit 0, or 2 on bad input."""
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     source = Path(ns.series)
-    if ns.out:
-        out = Path(ns.out)
-    else:
-        out = source / "screen.html" if source.is_dir() else source.with_suffix(".screen.html")
+    out = Path(ns.out) if ns.out else default_output_dir(source, "screen") / "screen.html"
     t0 = time.time()
     try:
+        check_outputs([out, *(out.parent / f"{name}.csv" for name in TABLES)], force=ns.force)
         tables = run(source, out.parent, n=ns.n, seq_len=ns.seq_len, bos=ns.bos, seed=ns.seed, html_name=out.name,
                      progress=not ns.quiet)
     except (ValueError, FileNotFoundError) as e:  # CheckpointError is a ValueError

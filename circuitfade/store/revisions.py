@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from circuitfade import compat
 from circuitfade.io import CheckpointError, load_tensors
 from circuitfade.store import WEIGHT_SUFFIXES, CheckpointSeries, Snapshot, attach
 
@@ -63,6 +64,7 @@ __all__ = [
     "check_integrity",
     "INTEGRITY_COLUMNS",
     "warn_skipped",
+    "sound_revisions",
 ]
 
 PYTHIA_STEPS: tuple[int, ...] = (0,) + tuple(2**k for k in range(10)) + tuple(range(1000, 143_001, 1000))
@@ -242,7 +244,9 @@ def load_revision(
       ``allenai/OLMoE-1B-7B-0924``), then ``enable_compatibility_mode(no_processing=
       not process)`` for HookedTransformer-style hook names.
     * ``backend="auto"``: ``"hooked"`` if ``model_name`` is one of TransformerLens's
-      official model names, else ``"bridge"``.
+      official model names, else ``"bridge"`` (always ``"bridge"`` on TransformerLens 4,
+      which has no ``HookedTransformer``; ``"hooked"`` there raises
+      :class:`~circuitfade.compat.TLLineError`).
 
     ``process=False`` keeps the trained weights (no LayerNorm folding or centering),
     as :func:`~circuitfade.store.load_hf_local` does: attention patterns are the same
@@ -254,27 +258,8 @@ def load_revision(
     rev = parse_revision(revision)
     if backend not in ("auto", "hooked", "bridge"):
         raise ValueError(f"backend must be 'auto', 'hooked' or 'bridge', got {backend!r}")
-    from transformer_lens import HookedTransformer
-    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES
-
-    if backend == "auto":
-        backend = "hooked" if model_name in OFFICIAL_MODEL_NAMES else "bridge"
-    flags = dict(fold_ln=process, center_writing_weights=process, center_unembed=process,
-                 fold_value_biases=process)
-    if backend == "hooked":
-        if model_name.startswith(_TL_CHECKPOINT_FAMILIES):
-            return HookedTransformer.from_pretrained(
-                model_name, checkpoint_value=rev.step, device=device, dtype=dtype, **flags
-            ).eval()
-        from transformers import AutoModelForCausalLM
-
-        hf = AutoModelForCausalLM.from_pretrained(model_name, revision=rev.name, dtype=dtype)
-        return HookedTransformer.from_pretrained(model_name, hf_model=hf, device=device, dtype=dtype, **flags).eval()
-    from transformer_lens.model_bridge import TransformerBridge
-
-    bridge = TransformerBridge.boot_transformers(model_name, revision=rev.name, device=device, dtype=dtype)
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=not process)
-    return bridge.eval()
+    return compat.load_hub_model(model_name, rev.name, rev.step, backend=backend, device=device, dtype=dtype,
+                                 process=process, checkpoint_families=_TL_CHECKPOINT_FAMILIES)
 
 
 def hub_series(
@@ -537,3 +522,18 @@ def warn_skipped(report: pd.DataFrame, what: str = "revisions") -> list[int]:
         listing = "; ".join(f"step {s} ({src}): {st}" for s, src, st in zip(bad["step"], bad["source"], bad["status"]))
         warnings.warn(f"skipping {len(bad)} {what}: {listing}", UserWarning, stacklevel=3)
     return [int(s) for s in bad["step"]]
+
+
+def sound_revisions(series: CheckpointSeries, *, load: bool = False) -> tuple[CheckpointSeries, pd.DataFrame]:
+    """``(the revisions of series that pass check_integrity, the report)``.
+
+    Duplicate and unreadable revisions (see :func:`check_integrity`) are left out, with one
+    ``UserWarning`` listing them; ``ValueError`` if none is left.
+    """
+    report = check_integrity(series, load=load)
+    bad = set(warn_skipped(report))
+    keep = [s for s in series.steps if s not in bad]
+    if not keep:
+        raise ValueError(f"no revision of {series.source} passed the integrity check: {report.to_dict('records')}")
+    return series.select(keep), report
+

@@ -22,8 +22,6 @@ The flow (:func:`analyze`), composed from the layers below:
 from __future__ import annotations
 
 import argparse
-import html
-import math
 import numbers
 import sys
 import time
@@ -44,8 +42,10 @@ from circuitfade.analysis import (
     timeline_long,
 )
 from circuitfade.gating.evaluation import has_gates
-from circuitfade.io import atomic_write
+from circuitfade.io import atomic_write, check_outputs, default_output_dir
 from circuitfade.store import CheckpointSeries, attach, trace
+from circuitfade.viz.html import Note, Section, Table, page
+from circuitfade.viz.tables import markdown_table
 from circuitfade.tasks import Batch, Task, eval_set, make_task
 from circuitfade.train.loop import EVAL_SEED, read_metrics
 
@@ -175,76 +175,43 @@ def analyze(
 
 
 # -------------------------------------------------------------------------- output
-def _cell(v) -> str:
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-        return "NA"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """``df`` as a GitHub-flavoured markdown table (no index; floats with 4 significant
-    digits, missing values as ``NA``). No dependency on ``tabulate``."""
-    header = "| " + " | ".join(_cell(c) for c in df.columns) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in df.itertuples(index=False, name=None)]
-    return "\n".join([header, rule, *body])
-
-
-def _html_table(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}", border=0, classes="table")
-
-
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
-table.table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0 1.5em; }
-table.table th, table.table td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; }
-.note { color: #666; font-style: italic; }
-.figure { margin-bottom: 2em; }
-"""
+def report_sections(result: Mapping) -> list[Section]:
+    """The sections of :func:`report_html`: figures first, then the tables and notes."""
+    figs = list(result["figures"].values())
+    timeline = result["timeline"]
+    sections = [Section("Figures", figs)] if figs else []
+    sections.append(Section("Consolidation timeline", [
+        "First checkpoint step at which any head reaches the threshold (successor-value mass >= .25, "
+        "zero-gate mean-ablation accuracy drop >= .03 by default), that head, the top head at the last "
+        "checkpoint, and whether the crossing came after the gate reached zero.",
+        Table(timeline, transpose=len(timeline) <= 3),
+    ]))
+    if result.get("interventions") is not None:
+        sections.append(Section("Gate interventions (final checkpoint)", [result["interventions"]]))
+    notes = [Note(n) for n in result.get("notes", [])]
+    if notes:
+        sections.append(Section("Notes", notes))
+    return sections
 
 
 def report_html(result: Mapping, *, title: str = "circuitfade analysis") -> str:
-    """One self-contained HTML page from an :func:`analyze` result.
+    """One self-contained HTML page from an :func:`analyze` result (:func:`circuitfade.viz.html.page`).
 
-    Sections: series description, the consolidation timeline and gate intervention
-    tables, notes, then every figure in ``result["figures"]`` order. plotly.js is
-    embedded once (with the first figure), so the file works offline.
+    A line describing the series, then every figure in ``result["figures"]`` order,
+    the consolidation timeline (transposed: one row per column, as it is wide), the gate
+    intervention table and the notes. plotly.js is embedded once, so the file works offline.
     """
     series = result["series"]
     meta = ", ".join(f"{k} = {v}" for k, v in series.metadata.items() if k != "run_dir")
-    parts = [
-        "<!DOCTYPE html>",
-        '<html><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>Source: <code>{html.escape(str(series.source))}</code>; {len(series)} checkpoints, steps "
-        f"{series.steps[0]}&ndash;{series.steps[-1]}; task <code>{html.escape(getattr(result['task'], 'name', '?'))}"
-        f"</code>{'; ' + html.escape(meta) if meta else ''}.</p>",
-        "<h2>Consolidation timeline</h2>",
-        "<p>First checkpoint step at which any head reaches the threshold (successor-value mass &ge; .25, "
-        "zero-gate mean-ablation accuracy drop &ge; .03 by default), that head, the top head at the last "
-        "checkpoint, and whether the crossing came after the gate reached zero.</p>",
-        _html_table(result["timeline"]),
-    ]
-    if result.get("interventions") is not None:
-        parts += ["<h2>Gate interventions (final checkpoint)</h2>", _html_table(result["interventions"])]
-    for note in result.get("notes", []):
-        parts.append(f'<p class="note">{html.escape(note)}</p>')
-    parts.append("<h2>Figures</h2>")
-    for i, fig in enumerate(result["figures"].values()):
-        div = fig.to_html(full_html=False, include_plotlyjs=i == 0, default_height=f"{fig.layout.height or 450}px")
-        parts.append(f'<div class="figure">{div}</div>')
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    intro = (f"Source: {series.source}; {len(series)} checkpoints, steps {series.steps[0]}-{series.steps[-1]}; "
+             f"task {getattr(result['task'], 'name', '?')}{'; ' + meta if meta else ''}.")
+    return page(title, report_sections(result), intro=intro)
 
 
 def default_report_path(source: str | Path) -> Path:
-    """Where ``circuitfade analyze SOURCE`` writes without ``--out``: ``SOURCE/analysis.html``
-    for a directory, ``<file stem>.analysis.html`` next to a file."""
-    p = Path(source)
-    return p / "analysis.html" if p.is_dir() else p.with_name(p.stem + ".analysis.html")
+    """Where ``circuitfade analyze SOURCE`` writes without ``--out``:
+    ``reports/<SOURCE name>-analysis/analysis.html`` (never inside the source)."""
+    return default_output_dir(source, "analysis") / "analysis.html"
 
 
 def build_parser(prog: str = "circuitfade analyze") -> argparse.ArgumentParser:
@@ -255,7 +222,9 @@ def build_parser(prog: str = "circuitfade analyze") -> argparse.ArgumentParser:
     )
     ap.add_argument("run_dir", metavar="RUN_DIR",
                     help="a circuitfade run directory (or a folder/file of checkpoints that attach() accepts)")
-    ap.add_argument("--out", metavar="FILE", help="HTML report path (default RUN_DIR/analysis.html)")
+    ap.add_argument("--out", metavar="FILE",
+                    help="HTML report path (default reports/<RUN_DIR name>-analysis/analysis.html)")
+    ap.add_argument("--force", action="store_true", help="replace the report if it exists")
     ap.add_argument("--n", type=int, default=256, help="evaluation examples (default 256)")
     ap.add_argument("--every", type=int, metavar="STEPS", help="analyse only every STEPS steps (last always kept)")
     ap.add_argument("--task", metavar="NAME", help="task for sources that are not circuitfade runs (e.g. assoc)")
@@ -269,9 +238,10 @@ def analyze_main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     t0 = time.time()
     try:
+        out = Path(ns.out) if ns.out else default_report_path(ns.run_dir)
+        check_outputs([out], force=ns.force)  # before any tracing
         source = attach(ns.run_dir, config=ns.config) if ns.config else ns.run_dir
         task = make_task(ns.task) if ns.task else None
-        out = Path(ns.out) if ns.out else default_report_path(ns.run_dir)
         res = analyze(source, out, n=ns.n, every=ns.every, task=task, progress=not ns.quiet)
     except (ValueError, FileNotFoundError) as e:
         print(f"circuitfade analyze: error: {e}", file=sys.stderr)
