@@ -272,6 +272,6 @@ def test_capability_share_is_a_mix_schedule_the_trainer_follows():
     run = new_run(cfg)
     ev = eval_set(task, 16)
     task.sample = spy
-    fit(run, None, task, ev, progress=False)
+    fit(run, task=task, eval_batch=ev, progress=False)
     assert seen == [0.0, pytest.approx(0.5), 1.0, 1.0]
     assert [m["p_capability"] for m in run.metrics] == [0.0, 1.0, 1.0]

@@ -393,43 +393,44 @@ def wait_table(reinit: pd.DataFrame) -> pd.DataFrame:
 
 # ------------------------------------------------------------------ figures
 _PNG_SCRIPT = """
-import json, os, sys
-import plotly
-from kaleido.scopes.plotly import PlotlyScope
-js = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")  # no CDN
-scope = PlotlyScope(plotlyjs=js, mathjax=False)
-fig = json.load(open(sys.argv[1]))
-height = int((fig.get("layout") or {}).get("height") or 450)
-open(sys.argv[2], "wb").write(scope.transform(fig, format="png", width=900, height=height))
+import sys
+import plotly.io as pio
+from circuitfade.viz.plots import save
+save(pio.read_json(sys.argv[1]), sys.argv[2])
 """
 
 
-def _save(fig: go.Figure, stem: Path, *, timeout: float = 240.0) -> list[str]:
-    """HTML always; PNG where kaleido is installed, in a child process with a timeout (kaleido
-    0.2.1 can hang on a loaded machine; a figure is then reported as HTML only, never half-written)."""
+def _save(fig: go.Figure, stem: Path, *, png: bool = True, timeout: float = 180.0) -> list[str]:
+    """``stem.html`` always (:func:`circuitfade.viz.plots.save`); ``stem.png`` through the same
+    ``save`` in a child process with a timeout (kaleido 0.2.1 can hang on a loaded machine: the
+    figure is then reported as HTML only and the exporter's process group is ended)."""
+    import signal
     import subprocess
     import sys
     import tempfile
 
-    html, png = stem.with_suffix(".html"), stem.with_suffix(".png")
-    fig.write_html(html, include_plotlyjs="cdn")
+    from circuitfade.viz.plots import save
+
+    html, out_png = stem.with_suffix(".html"), stem.with_suffix(".png")
+    save(fig, html, plotlyjs="cdn")
     written = [html.name]
+    if not png:
+        return written
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "fig.json", Path(tmp) / "fig.png"
         src.write_text(fig.to_json())
         proc = subprocess.Popen([sys.executable, "-c", _PNG_SCRIPT, str(src), str(dst)], start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            if proc.wait(timeout=timeout) != 0:
-                raise OSError(f"exit status {proc.returncode}")
-            png.write_bytes(dst.read_bytes())
-            written.append(png.name)
+            _, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                raise OSError((err or b"").decode(errors="replace").strip().splitlines()[-1:] or "failed")
+            out_png.write_bytes(dst.read_bytes())
+            written.append(out_png.name)
         except (subprocess.TimeoutExpired, OSError) as e:
-            import signal
-
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # the exporter and the browser it started
-            proc.wait()
+            proc.communicate()
             print(f"PNG export skipped for {stem.name}: {type(e).__name__}: {e}")
     return written
 
@@ -557,7 +558,7 @@ def verdicts(summary: Mapping) -> pd.DataFrame:
 
 # ------------------------------------------------------------------ the protocol
 def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | Path = "results/alignment",
-        workers: int = 2, with_series: bool = False, progress: bool = True) -> dict:
+        workers: int = 2, with_series: bool = False, progress: bool = True, png: bool = True) -> dict:
     """Run the named experiments (default: all) and write ``OUT/results.md``, CSVs and figures."""
     from circuitfade.viz.report import markdown_table
 
@@ -602,12 +603,17 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
             if series_df is not None and len(series_df):
                 ps = pool_cells(series_df.assign(cell=series_df.step), ["cell"])
                 summary["series"] = ps
-                text += [f"Developing series (parts {', '.join(series_df.part.unique())}): "
+                parts_txt = ", ".join(f"{r.part} = {r.heads}" for r in
+                                      series_df[series_df.kind == "part"].drop_duplicates("part").itertuples())
+                shown = series_df[np.isfinite(series_df.retained)]
+                text += [f"Developing series ({SERIES_STEPS} steps, seed 0; parts: {parts_txt}, the top head of "
+                         f"each screen at the last checkpoint; partial credit 0.5): "
                          f"{ps['n_discriminating']} discriminating checkpoints, median retained "
                          f"{ps['median']:.1%} [{ps['median_lo']:.1%}, {ps['median_hi']:.1%}], "
                          f"{ps['n_below']} below 0.5, sign test p = {ps['p_sign']:.2g}.", "",
-                         markdown_table(series_df[["step", "kind", "part", "acc_intact", "acc_ablated",
-                                                   "retained"]].round(3)), ""]
+                         "Discriminating checkpoints (intact induction accuracy >= chance + 0.1):", "",
+                         markdown_table(shown[["step", "kind", "part", "heads", "acc_intact", "acc_ablated",
+                                               "retained"]].round(3)), ""]
             sections.append("## Part ablation\n\n" + "\n".join(text))
             figs.append(("retained", retained_figure(abl, None if series_df is None else
                                                      series_df[series_df.kind == "part"].groupby("step").retained.mean().reset_index())))
@@ -668,7 +674,7 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
                                                     "rel_error"]].round(3)) + "\n")
     v = verdicts(summary)
     for name, fig in figs:
-        _save(fig, out / f"fig_{name}")
+        _save(fig, out / f"fig_{name}", png=png)
     cpu = sum(float(b.get("cpu_s", 0)) for b in base) + (float(reinit.cpu_s.fillna(0).sum()) if reinit is not None else 0.0)
     head = ["# No-partial-credit circuit formation (issue 16, part 1)", "",
             f"Command: `circuitfade alignment {' '.join(names)} --seeds {seeds} --out {out}"
@@ -700,12 +706,13 @@ def build_parser(prog: str = "circuitfade alignment") -> argparse.ArgumentParser
     ap.add_argument("--with-series", action="store_true",
                     help="also ablate the previous-token + induction parts of the local developing series")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--no-png", action="store_true", help="write figures as HTML only")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     res = run(ns.experiments, seeds=ns.seeds, out=ns.out, workers=ns.workers, with_series=ns.with_series,
-              progress=not ns.quiet)
+              progress=not ns.quiet, png=not ns.no_png)
     print(res["markdown"])
     return 0
