@@ -149,6 +149,7 @@ class KPart(Task):
         self.chance = 1.0 / cfg.v
         self.positions: tuple[int, ...] = cfg.positions if cfg.positions is not None else tuple(range(cfg.k))
         self.model_overrides = {"d_vocab": self.d_vocab, "n_ctx": self.n_ctx}
+        register_pin()  # the preset's read-out prior must be known wherever this task's runs are opened
         g = torch.Generator().manual_seed(cfg.perm_seed)
         perms = [torch.randperm(cfg.v, generator=g) for _ in range(cfg.k)]
         if not cfg.permute:
@@ -213,7 +214,7 @@ def conditional_target_table(task: KPart, known: tuple[int, ...]) -> Tensor:
 # the pinned read-out prior, the model preset and the hand-built circuit
 # --------------------------------------------------------------------------------------
 PIN_PRIOR = "kpart_pin"
-"""Registry name of :class:`PinnedReadout` (registered when this module is imported)."""
+"""Registry name of :class:`PinnedReadout` (registered by :func:`register_pin`)."""
 
 PIN_BIAS = 30.0
 """How far below 0 the pinned prior puts every key a head does not read (``exp(-30) ≈ 1e-13``)."""
@@ -249,7 +250,17 @@ class PinnedReadout(AttentionPrior):
         return bias
 
 
-register_prior(PIN_PRIOR, PinnedReadout)
+def register_pin() -> None:
+    """Register :class:`PinnedReadout` as prior ``"kpart_pin"`` (idempotent).
+
+    Called when a :class:`KPart` task or the :func:`kpart_model` preset is built (so a
+    kpart run directory opens with ``attach``), not at import: the pin is a task-specific
+    fixed read-out, not one of the general-purpose priors the prior tests sweep over.
+    """
+    from circuitfade.model.priors import PRIORS
+
+    if PRIORS.get(PIN_PRIOR) is not PinnedReadout:
+        register_prior(PIN_PRIOR, PinnedReadout)
 
 
 def kpart_model(task: KPart, *, spare_heads: int = 2, d_model: int = 32, d_head: int = 8, d_mlp: int = 64) -> dict:
@@ -264,6 +275,7 @@ def kpart_model(task: KPart, *, spare_heads: int = 2, d_model: int = 32, d_head:
     ``n_ctx`` come from the task. Needs the default input positions ``0 .. K-1``.
     """
     _check_int("spare_heads", spare_heads, 0)
+    register_pin()
     if task.positions != tuple(range(task.k)):
         raise ValueError(f"kpart_model pins head i to position i; needs positions 0..K-1, got {task.positions}")
     return {
