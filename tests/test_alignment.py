@@ -172,11 +172,11 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
     """K = 2 only, one seed, serial: every stage runs, files appear, finished jobs are reused."""
     monkeypatch.setattr(A, "KS", (2,))
     monkeypatch.setattr(A, "DRIVE_CELLS", ())
-    r = A.run(["ablation", "waiting"], seeds=1, out=tmp_path, workers=1, progress=False)
+    r = A.run(["ablation", "waiting"], seeds=1, out=tmp_path, workers=1, progress=False, png=False)
     assert (tmp_path / "results.md").is_file() and (tmp_path / "waiting_times.csv").is_file()
     t = pd.read_csv(tmp_path / "waiting_times.csv")
     assert list(t.m) == [1, 2] and (t.ignited == 1).all() and (t.wait_median > 0).all()
     assert (r["reinit"].acc_after_reinit < 0.6).all()  # a re-initialised part leaves ~chance
     mtime = {p.name: p.stat().st_mtime for p in (tmp_path / "jobs").iterdir()}
-    A.run(["waiting"], seeds=1, out=tmp_path, workers=1, progress=False)
+    A.run(["waiting"], seeds=1, out=tmp_path, workers=1, progress=False, png=False)
     assert {p.name: p.stat().st_mtime for p in (tmp_path / "jobs").iterdir()} == mtime
