@@ -56,8 +56,8 @@ from circuitfade.analysis import (
 from circuitfade.viz.report import markdown_table
 from circuitfade.store import attach, trace
 from circuitfade.train.sweep import run_dir_for, run_sweep
-from circuitfade.tasks import eval_set
-from circuitfade.train.loop import CKPT_DIR, EVAL_SEED, RunConfig, TrainConfig, read_metrics
+from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, eval_set
+from circuitfade.train.loop import CKPT_DIR, RunConfig, TrainConfig, read_metrics
 
 ASSETS = Path(__file__).resolve().parent
 RUNS = {"unforced": "unforced", "fade600to0": "fade600->0"}
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ASSETS), help="assets folder to write (default: this script's folder)")
     ap.add_argument("--wait", type=float, default=0.0, metavar="S",
                     help="wait up to S seconds for another process to finish the runs instead of training them")
-    ap.add_argument("--n", type=int, default=256, help="evaluation examples for tracing (default 256)")
+    ap.add_argument("--n", type=int, default=EVAL_SIZE, help=f"evaluation examples for tracing (default {EVAL_SIZE})")
     ap.add_argument("--workers", type=int, default=2, help="training processes (default 2)")
     ap.add_argument("--embed-plotlyjs", action="store_true", help="embed plotly.js in each HTML (offline, ~4.8 MB each)")
     ap.add_argument("--quick", action="store_true", help="600-step runs, for trying the script (not for shipping)")

@@ -64,63 +64,25 @@ def guarded(prog: str, fn, *args) -> int:
 # --------------------------------------------------------------------------------------
 # typed parsing of --task-arg and --model
 # --------------------------------------------------------------------------------------
-_NONE = ("none", "null")
-_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
-
-
 def _parse_typed(what: str, text: str, tp):
-    """``text`` as a value of type ``tp`` (int, float, bool, str, X | None, tuple[...], list[...])."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if text.lower() in _NONE and type(None) in args:
-            return None
-        for a in (a for a in args if a is not type(None)):
-            try:
-                return _parse_typed(what, text, a)
-            except UsageError:
-                continue
-        raise UsageError(f"{what}: cannot read {text!r} as {tp}")
-    if tp is bool:
-        if text.lower() not in _BOOLS:
-            raise UsageError(f"{what}: expected true or false, got {text!r}")
-        return _BOOLS[text.lower()]
-    if tp in (int, float):
-        try:
-            return tp(text)
-        except ValueError:
-            raise UsageError(f"{what}: expected {'an integer' if tp is int else 'a number'}, got {text!r}") from None
-    if tp is str:
-        return text
-    if origin in (tuple, list) or tp in (tuple, list):
-        try:
-            items = json.loads(text) if text.startswith("[") else [t for t in text.split(",") if t]
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{what}: not a JSON list ({e.msg})") from None
-        elem = args[0] if args and (len(args) == 1 or args[-1] is Ellipsis or len(set(args)) == 1) else None
-        if elem is not None:
-            items = [_parse_typed(what, str(x), elem) if isinstance(x, str) else x for x in items]
-        return (tuple if (origin or tp) is tuple else list)(items)
-    try:  # anything else (Any, dicts, unannotated): JSON, else the string
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+    """:func:`circuitfade.io.parse_typed` (the one typed-value parser), as a :class:`UsageError`."""
+    from circuitfade.io import parse_typed
+
+    try:
+        return parse_typed(what, text, tp)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _task_dict(name: str, kv: list[str] | None) -> dict:
-    """``{"name": name, **task args}``, each value parsed by its field's type in the task's config."""
-    from circuitfade.tasks import make_task
+    """``{"name": name, **task args}``, each value parsed by its field's type in the task's config
+    (:func:`circuitfade.tasks.parse_task_args`)."""
+    from circuitfade.tasks import parse_task_args
 
-    cfg = getattr(make_task(name), "config", None)  # unknown task names raise, listing the known ones
-    types = typing.get_type_hints(type(cfg)) if dataclasses.is_dataclass(cfg) else None
-    d: dict = {"name": name}
-    for item in kv or []:
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise UsageError(f"--task-arg expects KEY=VALUE, got {item!r}")
-        if types is not None and k not in types:
-            raise UsageError(f"--task-arg {k}: task {name!r} has no parameter {k!r}; its parameters: {sorted(types)}")
-        d[k] = _parse_typed(f"--task-arg {k}", v, types[k]) if types is not None else _parse_typed(k, v, typing.Any)
-    return d
+    try:
+        return parse_task_args(name, kv)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _json_object(flag: str, text: str | None) -> dict:
@@ -158,8 +120,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
     out = ns.out or f"runs/{ns.task}/{ns.path.replace('->', 'to')}/seed{ns.seed}"
     t0 = time.time()
     res = _train_one({"config": cfg.to_dict(), "out": out, "progress": not ns.quiet})
-    print(f"{out}: step {res['step']}  acc_normal {res['acc_normal']:.3f}  acc_zero {res.get('acc_zero', float('nan')):.3f}"
-          f"  ({time.time() - t0:.0f} s)")
+    pm = cfg.make_task().primary_metric  # accuracy for token tasks, MSE for regression
+    vals = "  ".join(f"{pm.key(c)} {res.get(pm.key(c), float('nan')):.3f}" for c in ("normal", "zero"))
+    print(f"{out}: step {res['step']}  {vals}  ({time.time() - t0:.0f} s)")
     return 0
 
 

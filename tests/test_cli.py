@@ -18,6 +18,19 @@ def test_train_writes_a_run(tmp_path, capsys):
     assert "acc_zero" in capsys.readouterr().out
 
 
+def test_train_linreg_reports_its_primary_metric(tmp_path, capsys):
+    """A regression task trains and is summarised by its primary metric (MSE), not acc_* keys."""
+    out = tmp_path / "lr"
+    rc = main(["train", "--task", "linreg", "--path", "unforced", "--steps", "4", "--eval-every", "2",
+               "--checkpoint-every", "2", "--out", str(out), "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "mse_normal" in printed and "acc_normal" not in printed
+    m = read_metrics(out)
+    value = float(printed.split("mse_normal")[1].split()[0])
+    assert value == pytest.approx(m["mse_normal"].iloc[-1], abs=5e-4)
+
+
 def test_bad_path_is_a_clear_error(tmp_path, capsys):
     assert main(["train", "--path", "fade-nowhere", "--out", str(tmp_path / "x")]) == 2
     assert "fade" in capsys.readouterr().err

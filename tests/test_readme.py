@@ -16,6 +16,9 @@ block by ``test_every_block_has_a_treatment``):
   on the exact arguments written (an unknown flag fails) and stopped before any work;
   ``python -c CODE`` lines of that kind are compiled (syntax only); ``make`` targets are
   checked with ``make -n`` (they exist; nothing runs);
+* ``setup``: commands that build another environment (``python3 -m venv ...``,
+  ``.venv*/bin/pip ...``, the TransformerLens-4 install) are not run here: ``make
+  test-tl4`` runs exactly that install in CI; this test checks the files they name exist;
 * python blocks that use a name defined in prose rather than code (``tokens`` in "The
   model") get a one-line prelude defining it; the prelude is printed in the plan.
 
@@ -107,6 +110,8 @@ def plan(text: str | None = None) -> list[Item]:
                 argv = _strip_comment(cmd)
                 if argv[0] == "make":
                     how = "parse"
+                elif argv[:3] == ["python3", "-m", "venv"] or re.match(r"\.venv[^/]*/bin/pip$", argv[0]):
+                    how = "setup"
                 elif argv[0] == "circuitfade" and len(argv) > 1 and argv[1] in TINY:
                     how = "tiny"
                 elif argv[0] == "circuitfade" and len(argv) > 1 and argv[1] in PARSE_ONLY:
@@ -178,6 +183,17 @@ def test_commands_that_take_minutes_parse_as_written():
         parse_only(_strip_comment(it.text))
 
 
+def test_setup_commands_name_files_that_exist():
+    setups = [it for it in plan() if it.how == "setup"]
+    for it in setups:
+        argv = _strip_comment(it.text)
+        for flag, value in zip(argv, argv[1:]):
+            if flag == "-r":
+                assert (REPO / value).is_file(), f"README:{it.line} installs from missing {value}"
+    make = subprocess.run(["make", "-n", "test-tl4"], cwd=REPO, capture_output=True, text=True)
+    assert not setups or make.returncode == 0, "the README's environment set-up is not exercised by make test-tl4"
+
+
 def test_parse_only_catches_an_unknown_flag():
     with pytest.raises(SystemExit):
         parse_only(["circuitfade", "reproduce", "--no-such-flag"])
@@ -206,7 +222,7 @@ def _run_shell(argv: list[str], cwd: Path, how: str) -> None:
 def test_readme_blocks_run_in_order(tmp_path):
     (tmp_path / "assets").symlink_to(REPO / "assets", target_is_directory=True)
     for it in plan():
-        if it.how == "parse":
+        if it.how in ("parse", "setup"):
             continue
         if it.lang == "python":
             script = tmp_path / f"readme_block_{it.line}.py"

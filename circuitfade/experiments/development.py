@@ -48,7 +48,7 @@ from circuitfade.analysis.development import (
 from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCORES
 from circuitfade.analysis.spectra import elevated_pr
 from circuitfade.io import check_outputs, default_output_dir, write_csv, write_text
-from circuitfade.store import CheckpointSeries, attach
+from circuitfade.store import CheckpointSeries, attach, head_label
 from circuitfade.store.revisions import sound_revisions
 from circuitfade.train.loop import RunConfig, TrainConfig, train
 from circuitfade.viz import plots
@@ -319,7 +319,7 @@ def pr_figure(screen: pd.DataFrame, lead: pd.DataFrame | None = None, *, cls: st
     fig = go.Figure()
     for layer, head in heads:
         g = wide[(wide["layer"] == layer) & (wide["head"] == head)].sort_values("step")
-        name = f"L{layer}H{head}"
+        name = head_label(layer, head)
         x = [pos[s] for s in g["step"]]
         fig.add_trace(go.Scatter(x=x, y=g[pr_metric], mode="lines+markers", name=name, legendgroup=name,
                                  customdata=g["step"],

@@ -51,13 +51,14 @@ from circuitfade.io import CheckpointError, atomic_write, read_json, save_tensor
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.gating.paths import GatePath, parse_path
 from circuitfade.gating.schedules import Schedule, parse_schedule
-from circuitfade.tasks import Batch, Task, eval_set, make_task
+from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, eval_set, make_task
 
 __all__ = ["TrainConfig", "RunConfig", "train", "branch", "branch_config", "clone_run", "fit", "Run", "load_checkpoint",
            "checkpoint_steps", "TrainingDiverged", "RunLocked"]
 
 CKPT_DIR = "checkpoints"
-EVAL_SEED = 1_000_003  # one eval set for every run of a task config, whatever the seed
+# EVAL_SEED / EVAL_SIZE: the package's one evaluation convention (circuitfade.tasks.base); one eval
+# set for every run of a task config, whatever the seed
 MAX_SEED = 2**62  # seeds (and seed + small offsets) must fit torch's 64-bit generator seed
 
 
@@ -91,7 +92,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     eval_every: int = 100
-    eval_size: int = 512
+    eval_size: int = EVAL_SIZE
     checkpoint_every: int = 300  # every 300 steps, as the paper's mechanism traces
     extra_checkpoints: tuple = ()
     prior_dropout: float = 0.0  # probability a training batch runs with every gate at 0
@@ -479,7 +480,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
                 if run.step % tc.eval_every == 0 or run.step == until:
                     record(lv)
                     last = run.metrics[-1]
-                    kind = "acc" if "acc_normal" in last else "mse"
+                    kind = task.primary_metric.column
                     bar.set_postfix(loss=f"{last['train_loss']:.3f}",
                                     **{kind: f"{last.get(kind + '_normal', math.nan):.3f}",
                                        kind + "0": f"{last.get(kind + '_zero', math.nan):.3f}"})

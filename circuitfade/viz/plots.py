@@ -33,6 +33,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from circuitfade.store.tracing import head_label
+
 __all__ = [
     "save",
     "image_exporter",
@@ -200,8 +202,7 @@ def _identical_groups(frame: pd.DataFrame, cols: list[str]) -> list[list[str]]:
     return groups
 
 
-def _head_name(layer: int, head: int) -> str:
-    return f"L{int(layer)}H{int(head)}"
+_head_name = head_label  # the one head label, "L{layer}H{head}"
 
 
 def _fmt(v: float) -> str:

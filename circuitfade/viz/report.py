@@ -46,15 +46,10 @@ from circuitfade.io import atomic_write, check_outputs, default_output_dir
 from circuitfade.store import CheckpointSeries, attach, trace
 from circuitfade.viz.html import Note, Section, Table, page
 from circuitfade.viz.tables import markdown_table
-from circuitfade.tasks import Batch, Task, eval_set, make_task
-from circuitfade.train.loop import EVAL_SEED, read_metrics
+from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_label, eval_set, parse_task_args
+from circuitfade.train.loop import read_metrics
 
 __all__ = ["analyze", "analyze_main", "build_parser", "markdown_table", "report_html", "default_report_path"]
-
-
-def _diagnostics(model, batch: Batch, task: Task) -> pd.DataFrame:
-    """:func:`head_diagnostics` with zero-gate ablation for gated models, plain ablation otherwise."""
-    return head_diagnostics(model, batch, task, ablation_gates="zero" if has_gates(model) else None)
 
 
 def _thin(series: CheckpointSeries, every: int | None) -> CheckpointSeries:
@@ -78,9 +73,10 @@ def analyze(
     source,
     out_html: str | Path | None = None,
     *,
-    n: int = 256,
+    n: int = EVAL_SIZE,
+    seed: int = EVAL_SEED,
     every: int | None = None,
-    task: Task | None = None,
+    task: Task | str | Mapping | Batch | None = None,
     thresholds: Mapping[str, float] = DEFAULT_THRESHOLDS,
     progress: bool = True,
 ) -> dict:
@@ -90,11 +86,13 @@ def analyze(
         source: a :class:`CheckpointSeries` or anything :func:`circuitfade.store.attach`
             accepts (a circuitfade run directory, state-dict files, models in memory, ...).
         out_html: if given, the HTML report is written there (one self-contained file).
-        n: evaluation examples (``eval_set(task, n, EVAL_SEED)``: a circuitfade run's own
-            eval set, truncated to ``n``) for tracing and for the intervention table.
+        n, seed: the evaluation set ``eval_set(task, n, seed)`` for tracing and for the
+            intervention table; default the package's one convention (512 examples,
+            ``EVAL_SEED``: a circuitfade run's own eval set, the one ``metrics.csv`` logs).
         every: analyse only checkpoints ``first + k * every`` (and always the last).
-        task: the task to evaluate on; default the series' own (circuitfade runs). Other
-            sources need it (``ValueError`` otherwise).
+        task: the task to evaluate on (a Task, a task name, a dict ``{"name": ..., **config}``
+            or your own :class:`~circuitfade.tasks.Batch`); default the series' own
+            (circuitfade runs). Other sources need it (``ValueError`` otherwise).
         thresholds: ``{metric: threshold}`` of the consolidation timeline (default the
             paper's: successor mass >= .25, ablation importance >= .03).
         progress: show a progress bar while tracing.
@@ -105,26 +103,25 @@ def analyze(
         (DataFrame, or ``None`` for models without gates), ``"metrics"`` (the run's
         ``metrics.csv`` or ``None``), ``"notes"`` (list of str: what was skipped and why),
         ``"figures"`` (``{name: go.Figure}``, in report order), ``"html"`` (the path
-        written, or ``None``)``}``.
+        written, or ``None``), ``"eval"`` (``"eval: N examples, seed S"``)``}``.
     """
     series = source if isinstance(source, CheckpointSeries) else attach(source)
     if len(series) == 0:
         raise ValueError("the series has no checkpoints to analyse")
     series = _thin(series, every)
-    task = task if task is not None else series.task
+    task = as_task(task if task is not None else series.task)
     if task is None:
         raise ValueError(
-            f"{series.source}: not a circuitfade run, so the task is unknown; pass task= "
-            "(e.g. circuitfade.tasks.make_task('assoc')) or --task NAME"
+            f"{series.source}: this series has no task; pass task= (a name such as 'assoc', a dict, a Task "
+            "or your own Batch) or --task NAME"
         )
-    if not isinstance(task, Task):
-        raise ValueError(f"task: expected a circuitfade.tasks.Task, got {type(task).__name__}")
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"n: expected a positive number of examples, got {n!r}")
-    batch = eval_set(task, n=int(n), seed=EVAL_SEED)
+    batch = eval_set(task, n=int(n), seed=int(seed))
+    evaluation = eval_label(len(batch), seed)
     notes: list[str] = []
 
-    traced = trace(series, {"head_diagnostics": _diagnostics}, task, batch=batch, progress=progress)
+    traced = trace(series, {"head_diagnostics": head_diagnostics}, task, batch=batch, progress=progress)
     gz = None if "gate_zero_step" in traced.columns else series.gate_zero_step()
     timeline = consolidation_timeline(traced, thresholds, gate_zero_step=gz)
     long = timeline_long(traced, thresholds, gate_zero_step=gz)
@@ -165,6 +162,7 @@ def analyze(
     result = {
         "series": series, "task": task, "traced": traced, "timeline": timeline, "timeline_long": long,
         "interventions": interventions, "metrics": metrics, "notes": notes, "figures": figures, "html": None,
+        "eval": evaluation,
     }
     if out_html is not None:
         out = Path(out_html)
@@ -204,7 +202,7 @@ def report_html(result: Mapping, *, title: str = "circuitfade analysis") -> str:
     series = result["series"]
     meta = ", ".join(f"{k} = {v}" for k, v in series.metadata.items() if k != "run_dir")
     intro = (f"Source: {series.source}; {len(series)} checkpoints, steps {series.steps[0]}-{series.steps[-1]}; "
-             f"task {getattr(result['task'], 'name', '?')}{'; ' + meta if meta else ''}.")
+             f"task {getattr(result['task'], 'name', '?')}{'; ' + meta if meta else ''}; {result.get('eval', '')}.")
     return page(title, report_sections(result), intro=intro)
 
 
@@ -225,9 +223,12 @@ def build_parser(prog: str = "circuitfade analyze") -> argparse.ArgumentParser:
     ap.add_argument("--out", metavar="FILE",
                     help="HTML report path (default reports/<RUN_DIR name>-analysis/analysis.html)")
     ap.add_argument("--force", action="store_true", help="replace the report if it exists")
-    ap.add_argument("--n", type=int, default=256, help="evaluation examples (default 256)")
+    ap.add_argument("--n", type=int, default=EVAL_SIZE, help=f"evaluation examples (default {EVAL_SIZE})")
+    ap.add_argument("--seed", type=int, default=EVAL_SEED, help=f"evaluation seed (default {EVAL_SEED}, the trainer's)")
     ap.add_argument("--every", type=int, metavar="STEPS", help="analyse only every STEPS steps (last always kept)")
     ap.add_argument("--task", metavar="NAME", help="task for sources that are not circuitfade runs (e.g. assoc)")
+    ap.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="task config argument (repeatable; typed by the task's config fields), with --task")
     ap.add_argument("--config", metavar="JSON", help="model config for a folder of state-dict files (attach config=)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     return ap
@@ -241,14 +242,16 @@ def analyze_main(argv: list[str] | None = None) -> int:
         out = Path(ns.out) if ns.out else default_report_path(ns.run_dir)
         check_outputs([out], force=ns.force)  # before any tracing
         source = attach(ns.run_dir, config=ns.config) if ns.config else ns.run_dir
-        task = make_task(ns.task) if ns.task else None
-        res = analyze(source, out, n=ns.n, every=ns.every, task=task, progress=not ns.quiet)
+        if ns.task_arg and not ns.task:
+            raise ValueError("--task-arg needs --task NAME")
+        task = parse_task_args(ns.task, ns.task_arg) if ns.task else None
+        res = analyze(source, out, n=ns.n, seed=ns.seed, every=ns.every, task=task, progress=not ns.quiet)
     except (ValueError, FileNotFoundError) as e:
         print(f"circuitfade analyze: error: {e}", file=sys.stderr)
         return 2
     series = res["series"]
     print(f"{series.source}: {len(series)} checkpoints (steps {series.steps[0]}..{series.steps[-1]}), "
-          f"task {res['task'].name}, n = {ns.n}\n")
+          f"task {res['task'].name}; {res['eval']}\n")
     print("Consolidation timeline:\n")
     print(markdown_table(res["timeline"]))
     if res["interventions"] is not None:

@@ -35,7 +35,7 @@ from circuitfade.analysis.patching import resid_hooks
 from circuitfade.analysis.screens import attention_patterns, capability_selectivity, ordinary_tokens
 from circuitfade.analysis.spectra import head_output_pr
 from circuitfade.io import CheckpointError, save_tensors
-from circuitfade.store import attach, load_hf_local, trace
+from circuitfade.store import attach, load_hf_local, metric, trace
 from circuitfade.tasks import Batch, Task, eval_set
 from circuitfade.tasks.base import IGNORE_INDEX
 
@@ -128,7 +128,7 @@ def test_successor_mass_and_mean_ablation_single_out_the_copy_head():
     assert (others["acc_drop"] == 0.0).all()
     assert (others.loc[others["layer"] == 1, "loss_increase"].abs() < 1e-6).all()
     tidy = head_diagnostics(model, batch, task, ablation_gates=None)
-    assert len(tidy) == 3 * 6 and list(tidy.columns) == ["layer", "head", "metric", "value"]
+    assert len(tidy) == 3 * 6 and list(tidy.columns) == ["layer", "head", "metric", "value", "se", "lo", "hi", "boot"]
     # evaluation: a plain model has only the "normal" condition
     assert evaluate(model, task, batch=batch)["accuracy"] == 1.0
     with pytest.raises(NoGatesError):
@@ -291,7 +291,7 @@ def test_attach_hooked_transformer_state_dicts_and_trace(tmp_path):
     def first_token_attention(model, batch):
         return attention_patterns(model, batch)[:, :, :, -1, 0].mean(1)  # [layer, head]
 
-    df = trace(series, {"attn0": first_token_attention}, batch=toks, progress=False)
+    df = trace(series, {"attn0": metric(first_token_attention, inputs=("model", "batch"))}, batch=toks, progress=False)
     assert len(df) == 2 * 2 * 4 and set(df["step"]) == {100, 250}
     ref = reference_pattern_last_to_first(sds[250], CFG, toks)
     got = df[df.step == 250].sort_values(["layer", "head"])["value"].to_numpy()
@@ -318,7 +318,7 @@ def test_traced_bridge_metrics_plot_as_heatmaps():
 
     a, b = random_pair()
     batch = eval_set(CopyTask(), 16, seed=0)
-    df = trace(attach({0: a, 10: b}), {"mass": lambda model, batch: successor_value_mass(model, batch)},
+    df = trace(attach({0: a, 10: b}), {"mass": metric(successor_value_mass, inputs=("model", "batch"))},
                batch=batch, progress=False)
     fig = plots.head_heatmap(df, "mass")
     assert len(fig.data) == 2  # one heatmap per step, slider over steps
@@ -338,7 +338,7 @@ def test_in_memory_models_are_traced():
     a, b = random_pair()
     series = attach({0: a, 10: b})
     batch = eval_set(CopyTask(), 16, seed=0)
-    df = trace(series, {"mass": lambda model, batch: successor_value_mass(model, batch)},
+    df = trace(series, {"mass": metric(successor_value_mass, inputs=("model", "batch"))},
                batch=batch, progress=False)
     assert len(df) == 2 * 2 * 4 and set(df["step"]) == {0, 10}
     got = df[df.step == 10].sort_values(["layer", "head"])["value"].to_numpy()
