@@ -237,6 +237,8 @@ DELEGATED = {
                 "history dependence between in-context and in-weights learning (balanced mix schedules)"),
     "screen": ("circuitfade.experiments.development", "main",
                "screen a revision series for induction / previous-token / BOS heads, write an HTML report"),
+    "alignment": ("circuitfade.experiments.alignment", "main",
+                  "no-partial-credit circuit formation: part ablation, waiting times, rate equation"),
     "static": ("circuitfade.experiments.static_baselines", "main",
                "static baselines (13 methods) and removability of published priors, write results.md"),
     "analyze": ("circuitfade.viz.report", "analyze_main",
