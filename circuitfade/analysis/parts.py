@@ -31,8 +31,8 @@ scale, or seeds, or checkpoints) into the study's statistics: median retained, h
 many discriminating cells fall below the partial-credit prediction, and a one-sided
 exact sign test (under partial credit a cell is as likely above as below its
 prediction; ``p = P(Binomial(n, 1/2) >= n_below)``; the study's 32 of 32 gives
-``2^-32 = 2.3e-10``, its reported ``p = 2e-10``). The test lives here, in
-:func:`sign_test`, because the package has no shared statistics module yet.
+``2^-32 = 2.3e-10``, its reported ``p = 2e-10``). The test is
+:func:`circuitfade.stats.sign_test`.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from torch import Tensor
 from circuitfade.analysis.heads import _check_model, head_label
 from circuitfade.store import trace
 from circuitfade.tasks import Batch, Task, eval_set
+from circuitfade.stats import sign_test
 
 __all__ = ["METHODS", "PART_COLUMNS", "part_ablation", "trace_part_ablation", "pool_cells", "sign_test",
            "normalize_parts", "retained_fraction"]
@@ -252,15 +253,6 @@ def trace_part_ablation(series, parts, task: Task | None = None, *, method: str 
 
     kw = {"batch": batch} if batch is not None else {"n": n}
     return trace(series, {"retained": metric}, task, progress=progress, **kw)
-
-
-def sign_test(n_below: int, n: int) -> float:
-    """One-sided exact sign test: ``P(X >= n_below)`` for ``X ~ Binomial(n, 1/2)``."""
-    if not (isinstance(n, int) and isinstance(n_below, int) and 0 <= n_below <= n):
-        raise ValueError(f"sign_test: expected integers 0 <= n_below <= n, got n_below={n_below!r}, n={n!r}")
-    if n == 0:
-        return float("nan")
-    return sum(math.comb(n, k) for k in range(n_below, n + 1)) / 2.0 ** n
 
 
 def pool_cells(frame: pd.DataFrame, by: Sequence[str], *, kind: str = "part", n_boot: int = 2000,
