@@ -37,7 +37,6 @@ prediction; ``p = P(Binomial(n, 1/2) >= n_below)``; the study's 32 of 32 gives
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
