@@ -44,12 +44,16 @@ class PriorInputs:
     ``token_embed`` is the output of ``hook_embed`` (the token embeddings, shared by
     all layers); ``resid`` is the normalised layer input that feeds Q and K;
     ``scores`` are the raw ``Q·K/√d_head`` scores (only priors that declare
-    ``needs_scores = True`` get them; otherwise ``None``).
+    ``needs_scores = True`` get them; otherwise ``None``). ``query_index`` (the
+    answer-position fast path) names the only query rows the layer needs: a prior
+    may return just those rows, ``[..., len(query_index), key_pos]``, or all rows
+    (the layer then keeps the ones asked for).
     """
 
     token_embed: Float[Tensor, "batch pos d_model"]
     resid: Float[Tensor, "batch pos d_model"]
     scores: Float[Tensor, "batch head query_pos key_pos"] | None = None
+    query_index: Tensor | None = None
 
 
 class AttentionPrior(nn.Module):
@@ -100,7 +104,10 @@ class RelativePositionBias(AttentionPrior):
 
     def forward(self, inputs: PriorInputs) -> Float[Tensor, "1 head query_pos key_pos"]:
         n = inputs.token_embed.shape[1]
-        return self.pos_bias[:, self.rel_index[:n, :n]].unsqueeze(0)
+        index = self.rel_index[:n, :n]
+        if inputs.query_index is not None:
+            index = index[inputs.query_index]
+        return self.pos_bias[:, index].unsqueeze(0)
 
 
 class BilinearContentBias(AttentionPrior):
@@ -126,7 +133,8 @@ class BilinearContentBias(AttentionPrior):
 
     def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
         e = inputs.token_embed
-        cq = torch.einsum("bpd,hdr->bhpr", e, self.W_cq)  # [batch, head, pos, r]
+        eq = e if inputs.query_index is None else e[:, inputs.query_index]
+        cq = torch.einsum("bpd,hdr->bhpr", eq, self.W_cq)  # [batch, head, query_pos, r]
         ck = torch.einsum("bpd,hdr->bhpr", e, self.W_ck)  # [batch, head, pos, r]
         return (cq @ ck.transpose(-1, -2)) * self.scale  # [batch, head, query_pos, key_pos]
 

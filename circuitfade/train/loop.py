@@ -40,7 +40,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from circuitfade import __version__
-from circuitfade.gating.evaluation import evaluate_conditions
+from circuitfade.gating.evaluation import answer_logits, evaluate_conditions
 from circuitfade.io import CheckpointError, atomic_write, read_json, save_tensors, write_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.gating.paths import GatePath, parse_path
@@ -325,12 +325,11 @@ def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progre
         else:
             batch = task.sample(tc.batch_size, run.data_gen, **cfg.mix_at(run.step))
         drop = tc.prior_dropout > 0 and torch.rand((), generator=run.dropout_gen).item() < tc.prior_dropout
-        x = batch.model_input
         with model.gates(**{p: 0.0 for p in priors}) if drop else contextlib.nullcontext():
-            loss = task.loss(model(x), batch)
+            loss = task.loss(answer_logits(model, batch), batch)  # last block at answer positions only
         if tc.dual_loss:
             with model.gates(**{p: 0.0 for p in priors}):
-                loss = loss + task.loss(model(x), batch)
+                loss = loss + task.loss(answer_logits(model, batch), batch)
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
