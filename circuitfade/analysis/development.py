@@ -55,6 +55,7 @@ from circuitfade.analysis.screens import (
 from circuitfade.analysis.spectra import elevated_pr, head_output_pr
 from circuitfade.store.revisions import check_integrity, warn_skipped
 from circuitfade.store import CheckpointSeries
+from circuitfade.model.devices import resolve_device, to_device
 
 __all__ = [
     "PR_METRIC",
@@ -137,8 +138,12 @@ def screen_series(
     tokens: Mapping[int, float] | None = None,
     integrity: bool = True,
     progress: bool = True,
+    device: str | None = None,
 ) -> pd.DataFrame:
     """:func:`screen_model` on every revision of ``series``: one row per ``(step, layer, head)``.
+
+    ``device`` (``"cpu"``, ``"cuda"``, ``"mps"``, ``"auto"``) moves each revision's model
+    there before screening (default: where the series put it).
 
     First :func:`~circuitfade.store.revisions.check_integrity` (unless ``integrity=False``):
     revisions whose weights duplicate an earlier revision's or cannot be read are
@@ -152,6 +157,8 @@ def screen_series(
     as :func:`~circuitfade.store.trace`). ``df.attrs["skipped"]`` maps each skipped
     step to its status; ``df.attrs["integrity"]`` holds the integrity report.
     """
+    if device is not None:
+        resolve_device(device)  # fails before any work if the device is not here
     if not isinstance(series, CheckpointSeries):
         raise ValueError(f"screen_series expects a CheckpointSeries (see store.attach), got {type(series).__name__}")
     if bos is None:
@@ -176,6 +183,7 @@ def screen_series(
             warnings.warn(f"skipping step {snap.step} ({snap.source}): {skipped[snap.step]}", UserWarning,
                           stacklevel=2)
             continue
+        model = to_device(model, device)
         df = screen_model(model, n=n, seq_len=seq_len, bos=bos, seed=seed, thresholds=thresholds,
                           pr_positions=pr_positions)
         df.insert(0, "step", snap.step)

@@ -24,6 +24,7 @@ import torch
 from circuitfade.tasks import Batch, Task
 
 CONDITIONS = ("normal", "zero", "param", "half")
+EVAL_CHUNK = 128  # examples per forward in evaluate_batch
 
 
 class NoGatesError(ValueError):
@@ -74,12 +75,19 @@ def answer_logits(model, batch: Batch) -> torch.Tensor:
 @torch.no_grad()
 def evaluate_batch(model, task: Task, batch: Batch, condition: str | Mapping | None = "normal") -> dict:
     """``task.metrics`` of ``model`` on ``batch`` under ``condition``: ``{"accuracy", "loss"}``
-    for token tasks, ``{"mse", "loss"}`` for regression tasks."""
+    for token tasks, ``{"mse", "loss"}`` for regression tasks.
+
+    The forward runs in chunks of :data:`EVAL_CHUNK` examples (less peak memory); the
+    metrics are computed once on the joined logits, so they are those of the whole batch."""
     was_training = model.training
     model.eval()
     try:
         with gate_condition(model, condition):
-            logits = answer_logits(model, batch)
+            n = len(batch)
+            if n <= EVAL_CHUNK:
+                logits = answer_logits(model, batch)
+            else:
+                logits = torch.cat([answer_logits(model, batch[i:i + EVAL_CHUNK]) for i in range(0, n, EVAL_CHUNK)])
         return task.metrics(logits, batch)
     finally:
         model.train(was_training)

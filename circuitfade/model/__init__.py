@@ -7,6 +7,7 @@ built-in priors (``pos``, ``content``) and the published biases of
 """
 
 from circuitfade.model import zoo as _zoo  # noqa: F401  (registers the published priors)
+from circuitfade.model.devices import DEVICES, resolve_device
 from circuitfade.model.priors import PRIORS, AttentionPrior, PriorInputs, build_prior, register_prior
 from circuitfade.model.transformer import (
     CONFIG_FILE,
@@ -21,4 +22,5 @@ from circuitfade.model.transformer import (
 __all__ = [
     "SoftPriorConfig", "SoftPriorTransformer", "SoftPriorAttention", "SoftPriorBlock", "GATE_MODES",
     "CONFIG_FILE", "WEIGHTS_FILE", "PRIORS", "AttentionPrior", "PriorInputs", "build_prior", "register_prior",
+    "DEVICES", "resolve_device",
 ]

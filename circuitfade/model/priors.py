@@ -77,6 +77,15 @@ class AttentionPrior(nn.Module):
     def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
         raise NotImplementedError
 
+    def factors(self, inputs: PriorInputs) -> tuple[Tensor, Tensor] | None:
+        """Optional low-rank form ``(a, b)`` with ``forward(inputs) == a @ b.transpose(-1, -2)``
+        (``a``: ``[batch, head, query_pos, r]``, ``b``: ``[batch, head, key_pos, r]``).
+
+        The fused path then folds the prior into the query-key product (one matmul,
+        no ``[batch, head, q, k]`` bias tensor). ``None`` (the default): use ``forward``.
+        """
+        return None
+
 
 def relative_distance(n_ctx: int, device=None) -> torch.Tensor:
     """``[n_ctx, n_ctx]`` long tensor with entry ``[i, j] = max(i - j, 0)``.
@@ -131,12 +140,16 @@ class BilinearContentBias(AttentionPrior):
         nn.init.normal_(self.W_cq, std=cfg.d_model**-0.5)
         nn.init.normal_(self.W_ck, std=cfg.d_model**-0.5)
 
-    def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
+    def factors(self, inputs: PriorInputs) -> tuple[Tensor, Tensor]:
         e = inputs.token_embed
         eq = e if inputs.query_index is None else e[:, inputs.query_index]
-        cq = torch.einsum("bpd,hdr->bhpr", eq, self.W_cq)  # [batch, head, query_pos, r]
+        cq = torch.einsum("bpd,hdr->bhpr", eq, self.W_cq) * self.scale  # [batch, head, query_pos, r]
         ck = torch.einsum("bpd,hdr->bhpr", e, self.W_ck)  # [batch, head, pos, r]
-        return (cq @ ck.transpose(-1, -2)) * self.scale  # [batch, head, query_pos, key_pos]
+        return cq, ck
+
+    def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
+        cq, ck = self.factors(inputs)
+        return cq @ ck.transpose(-1, -2)  # [batch, head, query_pos, key_pos]
 
 
 PriorFactory = Callable[..., AttentionPrior]

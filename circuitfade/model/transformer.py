@@ -315,10 +315,28 @@ class SoftPriorAttention(Attention):
             causal = causal[rows]
         needs = any(p.needs_scores for p in self.priors.values())
         scores = (q @ k.transpose(-1, -2)) / self.attn_scale if needs else None
-        prior = self.prior(PriorInputs(token_embed, x, scores, query_index=rows), hooked=False)
-        mask = causal if prior is None else prior + causal  # [batch_or_1, head, q, k]
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / self.attn_scale)
-        z = z.transpose(1, 2).reshape(B, M, H * Dh)  # [batch, pos_or_rows, head*d_head]
+        inputs = PriorInputs(token_embed, x, scores, query_index=rows)
+        # low-rank priors (a @ b^T) join the query-key product as extra columns; the rest add to the mask
+        qs, ks, bias = [q / self.attn_scale], [k], None
+        for name, prior in self.priors.items():
+            g = self.gate(name).to(q.dtype)[:, None, None]
+            ab = prior.factors(inputs)
+            if ab is not None:
+                qs.append(ab[0] * g)
+                ks.append(ab[1])
+                continue
+            term = prior(inputs)
+            if rows is not None and term.shape[-2] != M:
+                term = term[..., rows, :]
+            bias = g * term if bias is None else bias + g * term
+        mask = causal if bias is None else bias + causal  # [batch_or_1, head, q, k]
+        if len(qs) > 1:
+            q, k = torch.cat(qs, -1), torch.cat(ks, -1)
+        else:
+            q = qs[0]
+        # no row is fully masked (the diagonal is always visible), so a plain softmax is exact
+        pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
+        z = (pattern @ v).transpose(1, 2).reshape(B, M, H * Dh)  # [batch, pos_or_rows, head*d_head]
         return F.linear(z, self.W_O.flatten(0, 1).T, self.b_O)
 
 

@@ -16,6 +16,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from circuitfade.gating.evaluation import NoGatesError
+from circuitfade.model.devices import resolve_device, to_device
 from circuitfade.tasks import Batch, Task, eval_set
 from circuitfade.train.loop import EVAL_SEED
 
@@ -145,6 +146,7 @@ def trace(
     progress: bool = True,
     skip_errors: tuple[type[BaseException], ...] = (NoGates,),
     grad: bool = False,
+    device: str | None = None,
     **kwargs,
 ) -> pd.DataFrame:
     """Evaluate ``metrics`` on every snapshot of ``series`` into one tidy DataFrame.
@@ -153,7 +155,8 @@ def trace(
     ``task`` defaults to ``series.task`` (the default ``seed`` is the trainer's eval
     seed, so a circuitfade run is traced on its own eval set); with neither, metrics
     get ``batch=None`` (weight-only metrics). A :class:`Batch` is moved to each
-    model's device.
+    model's device. ``device`` (``"cpu"``, ``"cuda"``, ``"mps"``, ``"auto"``) moves each
+    snapshot's model there first (default: where the series put it).
 
     Metric protocol: ``metrics`` is a dict ``{name: fn}`` or a list of functions (named
     by ``__name__``). Each is called as ``fn(model, batch, task, **kwargs)``; ``task``
@@ -188,7 +191,10 @@ def trace(
     frames: list[pd.DataFrame] = []
     bar = tqdm(series, total=len(series), disable=not progress, desc=str(series.metadata.get("run", "trace")),
                leave=False)
+    if device is not None:
+        resolve_device(device)  # fails before any work if the device is not here
     for step, model in bar:
+        model = to_device(model, device)
         dev = _model_device(model)
         b = batch.to(dev) if isinstance(batch, (Batch, Tensor)) and dev is not None else batch
         args = (model, b, task)

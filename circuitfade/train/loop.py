@@ -43,6 +43,7 @@ from circuitfade import __version__
 from circuitfade.gating.evaluation import answer_logits, evaluate_conditions
 from circuitfade.io import CheckpointError, atomic_write, read_json, save_tensors, write_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
+from circuitfade.model.devices import check_device_name, resolve_device
 from circuitfade.gating.paths import GatePath, parse_path
 from circuitfade.gating.schedules import parse_schedule
 from circuitfade.tasks import Batch, Task, eval_set, make_task
@@ -69,8 +70,11 @@ class TrainConfig:
     prior_dropout: float = 0.0  # probability a training batch runs with every gate at 0
     dual_loss: bool = False  # loss at active gates + loss at zero gates, each step
     eval_conditions: tuple = ("normal", "zero", "param", "half")
+    # where to train: cpu | cuda[:N] | mps | auto. Not part of the run's identity (see RunConfig.identity)
+    device: str = "cpu"
 
     def __post_init__(self):
+        check_device_name(self.device)
         for name in ("steps", "batch_size", "eval_every", "eval_size", "checkpoint_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -133,7 +137,16 @@ class RunConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["train"] = asdict(self.train)
+        if d["train"]["device"] == "cpu":
+            del d["train"]["device"]  # the default is left out: config files stay as before
         return {"circuitfade_version": __version__, **d}
+
+    def identity(self) -> dict:
+        """:meth:`to_dict` without the device: a run is the same experiment wherever it
+        trains (cache keys and resume checks use this; devices differ only by rounding)."""
+        d = self.to_dict()
+        d["train"].pop("device", None)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunConfig":
@@ -145,7 +158,7 @@ class RunConfig:
         return cls(**d)
 
     def same_run(self, other: "RunConfig") -> bool:
-        return json.dumps(self.to_dict(), sort_keys=True) == json.dumps(other.to_dict(), sort_keys=True)
+        return json.dumps(self.identity(), sort_keys=True) == json.dumps(other.identity(), sort_keys=True)
 
 
 def checkpoint_steps(cfg: TrainConfig, start: int = 0) -> list[int]:
@@ -200,8 +213,11 @@ def _make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 def new_run(cfg: RunConfig) -> Run:
     """Fresh model/optimizer/generators for ``cfg`` (seeded, deterministic)."""
+    device = resolve_device(cfg.train.device)
     torch.manual_seed(cfg.seed)
-    model = SoftPriorTransformer(cfg.model_config())
+    model = SoftPriorTransformer(cfg.model_config())  # initialised on the CPU: the same weights everywhere
+    if device.type != "cpu":
+        model = model.to(device, print_details=False)
     opt = _make_optimizer(model, cfg.train)
     data_gen = torch.Generator().manual_seed(cfg.seed)
     dropout_gen = torch.Generator().manual_seed(cfg.seed + 7919)
@@ -299,6 +315,8 @@ def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progre
     path = cfg.gate_path()
     ckpts = set(checkpoint_steps(tc, start=int((cfg.parent or {}).get("step", 0))))
     priors = model.cfg.priors
+    device = model.W_E.device  # batches are drawn on the CPU generator, then moved here
+    eval_batch = eval_batch.to(device) if device.type != "cpu" else eval_batch
 
     def record(loss_value: float) -> None:
         _set_gates_for_step(model, path, run.step)
@@ -324,6 +342,8 @@ def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progre
             batch = sampler(run.step, run.data_gen)
         else:
             batch = task.sample(tc.batch_size, run.data_gen, **cfg.mix_at(run.step))
+        if device.type != "cpu":
+            batch = batch.to(device)
         drop = tc.prior_dropout > 0 and torch.rand((), generator=run.dropout_gen).item() < tc.prior_dropout
         with model.gates(**{p: 0.0 for p in priors}) if drop else contextlib.nullcontext():
             loss = task.loss(answer_logits(model, batch), batch)  # last block at answer positions only
@@ -380,6 +400,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
     under ``cfg`` (its ``train.steps`` is where it stops).
     ``sampler`` replaces the default batch source (see :func:`fit`).
     """
+    resolve_device(cfg.train.device)  # an unavailable device fails before anything is written
     task = cfg.make_task()
     ev = eval_set(task, n=cfg.train.eval_size, seed=EVAL_SEED)
     if run_dir is None:
