@@ -29,10 +29,13 @@ hook                        shape                              captures
 ``hook_prior``              ``[batch, head, query_pos, key_pos]``  total gated bias added to the scores
 ==========================  =================================  ======================================
 
-When no hook is attached anywhere the model runs a *fused* path (one QKV matmul
-and ``scaled_dot_product_attention`` with the gated prior as an additive mask);
-it computes the same function (tested to 1e-5 on logits and gradients) and is
-what training uses. ``model.use_fused = False`` forces the hooked path.
+When no hook is attached anywhere the model runs a *fused* path (one QKV matmul;
+low-rank priors such as ``content`` folded into the query-key product as extra
+columns, the others added with the causal mask); it computes the same function
+(tested to 1e-5 on logits and gradients) and is what training uses.
+``model.use_fused = False`` forces the hooked path. ``model(tokens,
+positions=rows)`` computes the last block only at ``rows`` (the answer-position
+path training and evaluation use; NaN logits elsewhere).
 """
 
 from __future__ import annotations
@@ -290,7 +293,8 @@ class SoftPriorAttention(Attention):
         causal: Float[Tensor, "query_pos key_pos"],
         rows: Int[Tensor, "n_rows"] | None = None,
     ) -> Float[Tensor, "batch pos_or_rows d_model"]:
-        """Unhooked path: one QKV matmul and SDPA with (prior + causal) as additive mask.
+        """Unhooked path: one QKV matmul, low-rank priors as extra query-key columns, the
+        other priors (gated) plus the causal mask added to the scores.
 
         With ``rows`` (query positions), queries, attention and the output are computed
         only at those positions (keys and values still at every position); the result is

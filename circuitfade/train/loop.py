@@ -208,7 +208,10 @@ class Run:
 def _make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
     # every parameter is registered (masked gate logits simply never get a gradient),
     # so optimizer state lines up across gate modes and branches can copy it
-    return torch.optim.AdamW(list(model.parameters()), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # fused=True: one kernel per parameter instead of a Python loop of ops (4.3 -> 0.9 ms per step on the
+    # base model, one CPU thread); deterministic on a given device. A resumed run keeps the implementation
+    # recorded in its checkpoint's param_groups, so old checkpoints resume exactly as they started.
+    return torch.optim.AdamW(list(model.parameters()), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
 
 
 def new_run(cfg: RunConfig) -> Run:
@@ -352,7 +355,7 @@ def fit(run: Run, run_dir: Path | None, task: Task, eval_batch: Batch, *, progre
                 loss = loss + task.loss(answer_logits(model, batch), batch)
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip, foreach=True)
         run.optimizer.step()
         run.step += 1
         bar.update(1)
