@@ -47,6 +47,7 @@ from circuitfade.store.revisions import (
     parse_revision,
     pythia_revisions,
     revision_table,
+    sound_revisions,
     weights_digest,
 )
 from circuitfade.store import attach
@@ -189,12 +190,20 @@ def test_integrity_flags_planted_duplicate_and_corrupted(tmp_path):
     assert status[50] == "duplicate_of:10"
     assert status[100].startswith("load_failed:")
     assert report.loc[report["step"] == 50, "digest"].item() == report.loc[report["step"] == 10, "digest"].item()
-    # the screen skips both, with one warning naming them, and screens the rest
-    series = attach(folder)
+    # sound_revisions leaves both out, with one warning naming them; the rest are screened
     with pytest.warns(UserWarning, match=r"skipping 2 revisions.*step 50.*duplicate_of:10.*step 100.*load_failed"):
-        screen = screen_series(series, n=4, progress=False)
-    assert sorted(screen["step"].unique()) == [0, 10, 1000]
-    assert screen.attrs["skipped"] == {50: "duplicate_of:10", 100: status[100]}
+        series, checked = sound_revisions(attach(folder))
+    assert series.steps == [0, 10, 1000]
+    assert {s: st for s, st in zip(checked["step"], checked["status"]) if st != "ok"} == {
+        50: "duplicate_of:10", 100: status[100]}
+    screen = screen_series(series, n=4, progress=False)
+    assert sorted(screen.table["step"].unique()) == [0, 10, 1000]
+    assert screen.skipped == {}
+    # without the check, the unreadable revision fails to load and is skipped by the screen itself
+    with pytest.warns(UserWarning, match=r"skipping step 100"):
+        raw = screen_series(attach(folder).select([0, 100]), n=4, progress=False)
+    assert sorted(raw.table["step"].unique()) == [0] and list(raw.skipped) == [100]
+    assert raw.skipped[100].startswith("load_failed:")
 
 
 def test_integrity_digest_ignores_file_metadata_and_sees_one_changed_weight(tmp_path):
@@ -388,12 +397,13 @@ def test_pr_lead_test_planted():
 # --------------------------------------------------------------------------------------
 def test_screen_series_on_local_neox(neox):
     series = attach(neox)
-    screen = screen_series(series, n=8, progress=False)
+    result = screen_series(series, n=8, progress=False)
+    screen = result.table
     assert sorted(screen["step"].unique()) == [0, 10, 100]
     assert len(screen) == 3 * 2 * 4
     for col in ("induction_selectivity", "bos_capability", PR_METRIC, "induction", "label", "architecture"):
         assert col in screen.columns
-    assert screen.attrs["skipped"] == {}
+    assert result.skipped == {}
     # the same as screening each revision on its own
     one = screen_model(series[10], n=8)
     got = screen[screen["step"] == 10].reset_index(drop=True)
@@ -405,7 +415,7 @@ def test_screen_series_on_local_neox(neox):
     # head-output PR lies in [1, d_model]
     assert screen[PR_METRIC].between(1 - 1e-9, 32 + 1e-9).all()
     # and the series tables run on it (with token counts carried along)
-    with_tokens = screen_series(series, n=8, progress=False, integrity=False, tokens={0: 0, 10: 5e6, 100: 5e7})
+    with_tokens = screen_series(series, n=8, progress=False, tokens={0: 0, 10: 5e6, 100: 5e7}).table
     assert with_tokens.groupby("step")["tokens"].first().tolist() == [0, 5e6, 5e7]
     assert class_fractions(with_tokens).groupby("step")["tokens"].first().tolist() == [0, 5e6, 5e7]
     assert set(class_fractions(screen)["step"]) == {0, 10, 100}

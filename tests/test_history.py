@@ -262,3 +262,33 @@ def test_tiny_experiment_end_to_end(tmp_path):
     for f in ("per_seed.csv", "summary.csv", "patching.csv", "replacement.csv", "results.md", "figures.html"):
         assert (tmp_path / f).is_file(), f
     assert "+0.0976" in md and "86.8" in md and "sign-flip" in md
+
+
+def test_summary_and_markdown_read_result_fields():
+    # planted per-seed results, no training: the report reads dataclass fields, not packed keys
+    from circuitfade.experiments.history_protocol import Behaviour, Mechanism, SeedResult
+
+    import pandas as pd
+
+    hc = HistoryConfig(relax_steps=(0, 25))
+
+    def seed_result(seed, gap0, gap25, gap_sub, after_heads):
+        beh = Behaviour(margin=0.1 * seed, acc_context=0.5, acc_fixed=0.25, acc_either=0.75, loss=1.0)
+        mech = Mechanism(patching=pd.DataFrame(), replacement=pd.DataFrame(), patch_corr=0.99, gap_sub=gap_sub,
+                         gap_after={"heads": after_heads}, dominant={"from_below": ("L1H0", 0.2),
+                                                                     "from_above": ("L1H0" if seed else "L0H1", 0.1)})
+        return SeedResult(seed, beh, 0.05, {"from_below": 10, "from_above": 10},
+                          {"from_below": beh, "from_above": beh}, mech, {0: gap0, 25: gap25}, pd.DataFrame())
+
+    results = [seed_result(0, 0.2, -0.1, 0.2, 0.05), seed_result(1, 0.4, 0.1, 0.4, 0.1)]
+    s = history.summary_table(results, hc).set_index("quantity")
+    assert s.loc["gap_r0", "mean"] == pytest.approx(0.3) and s.loc["gap_r0", "n_positive"] == 2
+    assert s.loc["gap_r0", "p_signflip"] == 0.5  # two positive values: 2 of 4 sign assignments as extreme
+    assert s.loc["gap_r25", "n_positive"] == 1
+    assert s.loc["frac_removed_all_heads", "mean"] == pytest.approx(0.75)  # 1 - 0.05/0.2 and 1 - 0.1/0.4
+    assert s.loc["frac_removed_all_heads_pooled", "mean"] == pytest.approx(1 - 0.075 / 0.3)
+    assert s.loc["same_dominant_head", "mean"] == 0.5 and math.isnan(s.loc["same_dominant_head", "ci_lo"])
+    assert "frac_removed_all_mlps" not in s.index  # no MLP replacement measured
+    assert results[1].row()["gap_r25"] == 0.1 and results[0].row()["dominant_head_from_above"] == "L0H1"
+    md = history.to_markdown(results, s.reset_index(), hc)
+    assert "| 1 | 0.750 / 0.500 / 0.250 |" in md and "L1H0 / L0H1" in md and "same dominant head in 1/2 seeds" in md

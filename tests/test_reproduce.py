@@ -19,6 +19,18 @@ def test_budget_scales_paper_paths():
     assert q.path == "posthoc255" and q.train.steps == 615 and q.parent["step"] == 360
 
 
+def test_large_model_has_one_copy():
+    from circuitfade.analysis import DEFAULT_THRESHOLDS
+    from circuitfade.model import SoftPriorConfig
+
+    assert dict(P.LARGE) == {"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4}
+    large = SoftPriorConfig.large()
+    assert {k: getattr(large, k) for k in P.LARGE} == dict(P.LARGE)
+    # the run key computed before LARGE moved to the model layer
+    assert run_key(P.run("fade600->0", 0, P.FULL, model=P.LARGE)) == "assoc-fade600to0-s0-122d4c0e"
+    assert DEFAULT_THRESHOLDS == {"successor_mass": 0.25, "ablation_importance": 0.03}  # Table 3's
+
+
 def test_experiments_share_runs():
     """The fade600->0 seed-0 run of Table 1 is the same run (same directory) as Table 2's and Table 3's."""
     t1 = {run_key(c) for c in P.paths_configs([0], "r", P.FULL, 0)}
@@ -39,8 +51,11 @@ def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
         assert f"| {row} |" in md
     assert ".734 ± .028" in md  # the paper's number beside ours
     assert (tmp_path / "table_controls.csv").is_file() and (tmp_path / "report.html").is_file()
+    # results.md exists now: it is replaced only with --force
+    again = ["reproduce", "controls", "--seeds", "1", "--quick", "--tables-only", "--out", str(tmp_path)]
+    assert main(again) == 2 and "--force" in capsys.readouterr().err
     # tables-only re-run trains nothing and reports the same runs as reused
-    rc = main(["reproduce", "controls", "--seeds", "1", "--quick", "--tables-only", "--out", str(tmp_path)])
+    rc = main(again + ["--force"])
     assert rc == 0
     assert "6 reused, 0 not trained, 0 failed" in (tmp_path / "results.md").read_text()
 

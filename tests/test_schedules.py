@@ -18,6 +18,7 @@ from circuitfade.gating.schedules import (
     TwoStep,
     as_schedule,
     fade_shape_variants,
+    format_schedule,
     parse_schedule,
     triangular,
 )
@@ -348,3 +349,26 @@ def test_as_schedule():
     assert as_schedule("linear1->0", total_steps=10) == Linear(1, 0, 0, 10)
     with pytest.raises(TypeError):
         as_schedule(None)  # type: ignore[arg-type]
+
+
+def test_one_value_type_with_easings():
+    # every named schedule is knots plus an easing; the generic form writes and parses any of them
+    assert Fade().knots == ((600, 0.5), (1050, 0.0)) and Fade(shape="cosine").easing == "cosine"
+    assert Switch(0.5, 0.0, 1050).knots == ((0, 0.5), (1050, 0.0)) and Switch().easing == "step"
+    assert TwoStep().knots == Fade().knots and TwoStep().easing == "twostep" and TwoStep().midpoint == 0.25
+    hold = Schedule(((0, 0.2), (10, 0.8), (20, 0.4)), "step")
+    assert [hold(t) for t in (0, 9, 10, 19, 20, 99)] == [0.2, 0.2, 0.8, 0.8, 0.4, 0.4]
+    assert hold.spec == "pw(0:0.2,10:0.8,20:0.4):step" and parse_schedule(hold.spec) == hold
+    eased = parse_schedule("pw(0:1,10:0):concave")
+    assert eased(5) == pytest.approx(1 - 0.25) and eased.spec == "pw(0:1,10:0):concave"
+    assert Switch(0.3, 0.7, 0) == Switch(0.9, 0.7, 0) and Switch(0.3, 0.7, 0)(0) == 0.7  # never shows `before`
+    assert Fade() != Linear(0.5, 0.0, 600, 1050) and Fade()(825) == Linear(0.5, 0.0, 600, 1050)(825)
+    with pytest.raises(ValueError, match="unknown easing"):
+        Schedule(((0, 1), (1, 0)), "wobbly")
+
+
+def test_format_schedule_under_a_run_length():
+    assert format_schedule(Linear(0.5, 0, 0, 1000), total_steps=1000) == "linear0.5->0"
+    assert format_schedule(Linear(0.5, 0, 0, 1000)) == "linear0.5->0@0:1000"
+    assert format_schedule(Linear(0.5, 0, 0, 1000), total_steps=3600) == "linear0.5->0@0:1000"
+    assert parse_schedule("linear0.5->0", total_steps=1000) == Linear(0.5, 0, 0, 1000)

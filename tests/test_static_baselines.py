@@ -147,6 +147,20 @@ def test_main_writes_results(tmp_path, monkeypatch, capsys):
     assert set(csv.method) == {"nope"} and "acc_normal" in set(csv.metric)
 
 
+def test_static_is_a_circuitfade_subcommand(tmp_path, monkeypatch, capsys):
+    from circuitfade.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as e:
+        cli_main(["static", "--help"])
+    assert e.value.code == 0
+    assert "circuitfade static" in (out := capsys.readouterr().out) and "--fade-priors" in out
+    monkeypatch.setattr(sb, "QUICK_TRAIN", TC)
+    rc = cli_main(["static", "--seeds", "1", "--out", str(tmp_path), "--quick", "--tasks", "assoc", "--methods",
+                   "nope", "--fade-priors", "--executor", "serial", "--no-progress"])
+    assert rc == 0 and "| NoPE | NoPE |" in (tmp_path / "results.md").read_text()
+    assert set(pd.read_csv(tmp_path / "static_baselines.csv").method) == {"nope"}
+
+
 def test_step_time_ms_columns_and_threads_restored():
     before = torch.get_num_threads()
     df = sb.step_time_ms(["alibi"], steps=1, rounds=1, warmup=0, batch_size=4, threads=1)

@@ -27,12 +27,41 @@ def test_run_key_is_stable_and_distinct():
     assert run_key(a).startswith("assoc-unforced-s0-")
 
 
+@pytest.mark.parametrize("cfg, key", [
+    (RunConfig(path="fade600->0", seed=3), "assoc-fade600to0-s3-291b9106"),
+    (RunConfig(path="linear0.5->0", task={"name": "markov", "p": 0.5},
+               train=TrainConfig(steps=360, eval_every=50), seed=1), "markov-linear0.5to0-s1-8203cccf"),
+    (RunConfig(path="unforced", task={"name": "ambiguous"}, mix={"p_icl": "pw(0:0.5,100:0.6,300:0.4,400:0.5)"}),
+     "ambiguous-unforced-s0-8d90fd6d"),
+    (RunConfig(path="posthoc", parent={"run": "/x/assoc-unforced-s0-abcdef12", "step": 3600},
+               train=TrainConfig(steps=6150)), "assoc-posthoc-s0-baf400db"),
+])
+def test_run_key_pinned(cfg, key):
+    # keys computed before the schedule rewrite: results/runs caches depend on them
+    assert run_key(cfg) == key
+
+
+def test_run_config_parses_specs_once(monkeypatch):
+    import circuitfade.train.loop as loop
+
+    cfg = RunConfig(path="fade600->0", task={"name": "ambiguous"}, mix={"p_icl": "linear0.2->0.8@0:100"})
+    monkeypatch.setattr(loop, "parse_schedule", lambda *a, **k: pytest.fail("re-parsed a mix spec"))
+    monkeypatch.setattr(loop, "parse_path", lambda *a, **k: pytest.fail("re-parsed the path spec"))
+    assert cfg.mix_at(50) == {"p_icl": pytest.approx(0.5)} and cfg.mix_at(100) == {"p_icl": 0.8}
+    assert cfg.gate_path() is cfg.gate_path() and cfg.gate_path().value_at(825) == pytest.approx(0.25)
+    assert cfg.to_dict()["mix"] == {"p_icl": "linear0.2->0.8@0:100"}  # the JSON form stays the spec string
+
+
 @pytest.mark.slow
 def test_local_sweep_caches_and_reports_failures(tmp_path):
-    broken = RunConfig(path="unforced", task={"name": "assoc", "n_pairs": 99}, train=TC, seed=0)
+    # a bad task config is now refused when the config is made (RunConfig validates it), so the
+    # run that fails inside the sweep is a branch whose parent checkpoint does not exist
+    with pytest.raises(ValueError, match="n_pairs"):
+        RunConfig(path="unforced", task={"name": "assoc", "n_pairs": 99}, train=TC, seed=0)
+    broken = RunConfig(path="forced_zero", train=TC, seed=0, parent={"run": str(tmp_path / "nowhere"), "step": 5})
     res = run_sweep(configs() + [broken], tmp_path, workers=2, progress=False)
     assert list(res.status) == ["done"] * 4 + ["failed"]
-    assert "n_pairs" in res.error.iloc[-1]
+    assert "nowhere" in res.error.iloc[-1]
     mtimes = {d: (run_dir_for(tmp_path, c) / "done.json").stat().st_mtime_ns for d, c in enumerate(configs())}
     again = run_sweep(configs(), tmp_path, workers=2, progress=False)
     assert list(again.status) == ["cached"] * 4

@@ -22,7 +22,7 @@ table, each returning a table:
 
 Screen tables
 -------------
-The series functions accept the output of :func:`screen_series` ("wide": one row
+The series functions accept the table of :func:`screen_series` ("wide": one row
 per ``step, layer, head`` with metric columns such as ``induction_selectivity`` and
 boolean class columns ``induction, previous_token, bos``), or a long frame with
 ``step, layer, head, metric, value`` (as from :func:`~circuitfade.store.trace` of
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -53,7 +54,6 @@ from circuitfade.analysis.screens import (
     repeated_tokens,
 )
 from circuitfade.analysis.spectra import elevated_pr, head_output_pr
-from circuitfade.store.revisions import check_integrity, warn_skipped
 from circuitfade.store import CheckpointSeries
 from circuitfade.model.devices import resolve_device, to_device
 
@@ -61,6 +61,7 @@ __all__ = [
     "PR_METRIC",
     "SHARP_SHARE",
     "screen_model",
+    "SeriesScreen",
     "screen_series",
     "per_head",
     "class_fractions",
@@ -126,6 +127,19 @@ def screen_model(
     return wide[cols]
 
 
+@dataclass(frozen=True)
+class SeriesScreen:
+    """What :func:`screen_series` returns.
+
+    ``table``: one row per ``(step, layer, head)``: ``step``, then :func:`screen_model`'s
+    columns, then ``tokens`` (if given) and the series metadata (constant columns);
+    ``skipped``: ``{step: "load_failed:<error>"}`` for each revision that did not load.
+    """
+
+    table: pd.DataFrame
+    skipped: dict[int, str] = field(default_factory=dict)
+
+
 def screen_series(
     series: CheckpointSeries,
     *,
@@ -136,26 +150,18 @@ def screen_series(
     thresholds: Mapping[str, float] | None = None,
     pr_positions: str = "copy",
     tokens: Mapping[int, float] | None = None,
-    integrity: bool = True,
     progress: bool = True,
     device: str | None = None,
-) -> pd.DataFrame:
-    """:func:`screen_model` on every revision of ``series``: one row per ``(step, layer, head)``.
+) -> SeriesScreen:
+    """:func:`screen_model` on every revision of ``series`` (the same inputs, same ``seed``, for each).
 
+    Screens the revisions it is given: to leave out duplicate or unreadable revisions first,
+    pass :func:`~circuitfade.store.revisions.sound_revisions`'s series. A revision that fails to
+    load is skipped with a ``UserWarning`` and listed in :attr:`SeriesScreen.skipped`; if none
+    can be screened, ``ValueError``. ``bos=None`` uses the series task's ``bos_token`` if it has
+    one (e.g. the ``repeats`` task), else no BOS token. ``tokens``: ``{step: tokens seen}``.
     ``device`` (``"cpu"``, ``"cuda"``, ``"mps"``, ``"auto"``) moves each revision's model
     there before screening (default: where the series put it).
-
-    First :func:`~circuitfade.store.revisions.check_integrity` (unless ``integrity=False``):
-    revisions whose weights duplicate an earlier revision's or cannot be read are
-    skipped, with one ``UserWarning`` listing them; a revision that fails to load
-    later is skipped with a warning too. Every revision is screened with the same
-    inputs (same ``seed``). ``bos=None`` uses the series task's ``bos_token`` if it has
-    one (e.g. the ``repeats`` task), else no BOS token.
-
-    Returns columns ``step``, then :func:`screen_model`'s, then ``tokens`` (from the
-    ``{step: tokens}`` mapping, if given) and the series metadata (constant columns,
-    as :func:`~circuitfade.store.trace`). ``df.attrs["skipped"]`` maps each skipped
-    step to its status; ``df.attrs["integrity"]`` holds the integrity report.
     """
     if device is not None:
         resolve_device(device)  # fails before any work if the device is not here
@@ -164,12 +170,7 @@ def screen_series(
     if bos is None:
         bos = getattr(series.task, "bos_token", None)
     skipped: dict[int, str] = {}
-    report = None
-    if integrity:
-        report = check_integrity(series)
-        bad = warn_skipped(report)
-        skipped.update({int(s): st for s, st in zip(report["step"], report["status"]) if int(s) in bad})
-    todo = [s for s in series.snapshots if s.step not in skipped]
+    todo = list(series.snapshots)
     if progress:
         from tqdm.auto import tqdm
 
@@ -198,10 +199,7 @@ def screen_series(
     for k, v in series.metadata.items():
         if k not in out.columns:
             out[k] = [v] * len(out)
-    out.attrs["skipped"] = skipped
-    if report is not None:
-        out.attrs["integrity"] = report
-    return out
+    return SeriesScreen(out, skipped)
 
 
 # --------------------------------------------------------------------------------------
@@ -413,7 +411,8 @@ def set_convergence(
     the set at the last step: one row per step with ``n_set = |S_t|``,
     ``n_final = |F|``, ``n_common = |S_t & F|``, ``jaccard = |S_t & F| / |S_t | F|``
     (1 when both are empty), ``exact`` (``S_t == F``) and ``close``
-    (``jaccard >= jaccard_threshold``), and ``fraction_of_training = step / final step``.
+    (``jaccard >= jaccard_threshold``, the threshold in column ``jaccard_threshold``), and
+    ``fraction_of_training = step / final step``.
     See :func:`convergence_summary` for the earliest matching revisions.
     """
     cls = _classes(cls)[0]
@@ -428,11 +427,9 @@ def set_convergence(
         jac = 1.0 if not union else len(s & final) / len(union)
         rows.append({"step": step, "class": cls, "n_set": len(s), "n_final": len(final),
                      "n_common": len(s & final), "jaccard": jac, "exact": s == final,
-                     "close": jac >= jaccard_threshold,
+                     "close": jac >= jaccard_threshold, "jaccard_threshold": float(jaccard_threshold),
                      "fraction_of_training": step / final_step if final_step else np.nan})
-    out = pd.DataFrame(rows)
-    out.attrs["jaccard_threshold"] = jaccard_threshold
-    return out
+    return pd.DataFrame(rows)
 
 
 def convergence_summary(convergence: pd.DataFrame, *, jaccard_threshold: float | None = None) -> pd.DataFrame:
@@ -451,7 +448,10 @@ def convergence_summary(convergence: pd.DataFrame, *, jaccard_threshold: float |
     needed = {"step", "jaccard", "exact", "n_final"}
     if not isinstance(convergence, pd.DataFrame) or not needed <= set(convergence.columns):
         raise ValueError(f"convergence must be a DataFrame with columns {sorted(needed)} (see set_convergence)")
-    thr = jaccard_threshold if jaccard_threshold is not None else convergence.attrs.get("jaccard_threshold", 0.8)
+    if jaccard_threshold is not None:
+        thr = float(jaccard_threshold)
+    else:  # the one set_convergence used
+        thr = float(convergence["jaccard_threshold"].iloc[0]) if "jaccard_threshold" in convergence else 0.8
     c = convergence.sort_values("step")
     steps = c["step"].to_numpy()
     final_step = int(steps[-1])

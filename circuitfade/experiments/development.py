@@ -48,8 +48,9 @@ from circuitfade.analysis.development import (
 )
 from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCORES
 from circuitfade.analysis.spectra import elevated_pr
-from circuitfade.io import atomic_write
+from circuitfade.io import check_outputs, default_output_dir, write_csv, write_text
 from circuitfade.store import CheckpointSeries, attach
+from circuitfade.store.revisions import sound_revisions
 from circuitfade.train.loop import RunConfig, TrainConfig, train
 
 __all__ = [
@@ -154,6 +155,11 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(full, ignore_index=True) if full else frames[0]
 
 
+TABLES = ("integrity", "screen", "class_fractions", "emergence_shape", "layer_counts", "zero_layers",
+          "set_convergence", "convergence_summary", "pr_lead", "pr_lead_all")
+"""The tables :func:`run` returns and writes as ``<name>.csv``."""
+
+
 def run(
     series_or_run_dir,
     out: str | Path | None = None,
@@ -169,19 +175,18 @@ def run(
 ) -> dict[str, pd.DataFrame]:
     """Screen every revision of a series and compute the series-level tables.
 
-    Steps: attach (unless given a series), :func:`~circuitfade.store.revisions.check_integrity`,
-    :func:`~circuitfade.analysis.development.screen_series` (bad revisions skipped with a
-    warning), then the tables. Returns ``{"integrity", "screen", "class_fractions",
-    "emergence_shape", "layer_counts", "zero_layers", "set_convergence",
+    Steps: attach (unless given a series), :func:`~circuitfade.store.revisions.sound_revisions`
+    (duplicate and unreadable revisions left out with a warning),
+    :func:`~circuitfade.analysis.development.screen_series`, then the tables. Returns ``{"integrity",
+    "screen", "class_fractions", "emergence_shape", "layer_counts", "zero_layers", "set_convergence",
     "convergence_summary", "pr_lead", "pr_lead_all"}`` (``pr_lead``: the final induction
     heads; ``pr_lead_all``: the same test for the final heads of every class). With
     ``out`` (a folder), writes
     ``out/<html_name>`` and ``out/<table>.csv`` for each table.
     """
-    series = _series(series_or_run_dir)
+    series, integrity = sound_revisions(_series(series_or_run_dir))
     screen = screen_series(series, n=n, seq_len=seq_len, bos=bos, seed=seed, thresholds=thresholds,
-                           integrity=True, progress=progress)
-    integrity = screen.attrs["integrity"]
+                           progress=progress).table
     fractions = class_fractions(screen)
     counts = layer_counts(screen)
     conv = set_convergence(screen, jaccard_threshold=jaccard_threshold)
@@ -201,10 +206,10 @@ def run(
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         for name, df in tables.items():
-            atomic_write(out / f"{name}.csv", df.to_csv(index=False).encode())
+            write_csv(out / f"{name}.csv", df)
         meta = {"source": str(series.source), "n": n, "bos": bos if bos is not None else
                 getattr(series.task, "bos_token", None), "thresholds": {**DEFAULT_THRESHOLDS, **(thresholds or {})}}
-        atomic_write(out / html_name, report_html(tables, meta=meta).encode())
+        write_text(out / html_name, report_html(tables, meta=meta))
     return tables
 
 
@@ -418,7 +423,8 @@ def build_parser(prog: str = "circuitfade screen") -> argparse.ArgumentParser:
                     help="a circuitfade run directory, a folder of Hugging Face model folders (step1000/, ...), "
                          "or a folder of state-dict files with config.json")
     ap.add_argument("--out", metavar="FILE",
-                    help="HTML report (default SERIES/screen.html); tables go next to it as CSV")
+                    help="HTML report (default reports/<SERIES name>-screen/screen.html); tables go next to it as CSV")
+    ap.add_argument("--force", action="store_true", help="replace output files that already exist")
     ap.add_argument("--bos", type=int, metavar="ID", help="BOS token id (default: the run task's, else none)")
     ap.add_argument("--n", type=int, default=32, help="sequences per screen input (default 32)")
     ap.add_argument("--seq-len", type=int, metavar="L", help="half-length of the repeated input (default: auto)")
@@ -436,12 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     """``circuitfade screen SERIES [--out report.html] [--bos ID] [--n N]``: exit 0, or 2 on bad input."""
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     source = Path(ns.series)
-    if ns.out:
-        out = Path(ns.out)
-    else:
-        out = source / "screen.html" if source.is_dir() else source.with_suffix(".screen.html")
+    out = Path(ns.out) if ns.out else default_output_dir(source, "screen") / "screen.html"
     t0 = time.time()
     try:
+        check_outputs([out, *(out.parent / f"{name}.csv" for name in TABLES)], force=ns.force)
         tables = run(source, out.parent, n=ns.n, seq_len=ns.seq_len, bos=ns.bos, seed=ns.seed, html_name=out.name,
                      progress=not ns.quiet)
     except (ValueError, FileNotFoundError) as e:  # CheckpointError is a ValueError

@@ -24,10 +24,12 @@ import numpy as np
 import pandas as pd
 
 from circuitfade.gating.paths import parse_path
+from circuitfade.io import write_csv
+from circuitfade.model import LARGE_OVERRIDES
 from circuitfade.train.sweep import child_of, run_dir_for
 from circuitfade.train.loop import RunConfig, TrainConfig
 
-LARGE = {"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4}
+LARGE = LARGE_OVERRIDES  # the paper's larger model, as SoftPriorConfig.large() builds it
 
 # Published numbers: (zero-gate, normal) as printed in the paper.
 PAPER_T1_BASE = {
@@ -333,7 +335,7 @@ def json_key(d: dict) -> str:
 
 def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: bool = False):
     """Trace each fade seed's checkpoints: successor mass + zero-gate ablation importance (Table 3)."""
-    from circuitfade.analysis import consolidation_timeline, head_diagnostics
+    from circuitfade.analysis import DEFAULT_THRESHOLDS, consolidation_timeline, head_diagnostics
     from circuitfade.store import open_run, trace
 
     frames = []
@@ -348,9 +350,8 @@ def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: boo
     if not frames:
         return pd.DataFrame(), "(no finished runs)"
     traced = pd.concat(frames, ignore_index=True)
-    traced.to_csv(Path(root).parent / "mechanism_trace.csv", index=False)
-    thresholds = {"successor_mass": 0.25, "ablation_importance": 0.03}
-    tl = consolidation_timeline(traced, thresholds, by=("seed",))
+    write_csv(Path(root).parent / "mechanism_trace.csv", traced)
+    tl = consolidation_timeline(traced, DEFAULT_THRESHOLDS, by=("seed",))
     cols = {"seed": "seed", "successor_mass_top_head": "top successor head", "successor_mass_first_step": "first successor ≥ .25",
             "ablation_importance_top_head": "top ablation head", "ablation_importance_first_step": "first ablation ≥ .03",
             "gate_zero_step": "gate reaches 0 at", "after_gate_zero": "both after gate 0"}

@@ -19,8 +19,10 @@ import numpy as np
 import pandas as pd
 
 from circuitfade.experiments import paper as P
+from circuitfade.io import check_outputs
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.train.loop import RunConfig
+from circuitfade.io import write_csv, write_text
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
     else:
         results = collect(cfgs, root)
     train_s = time.time() - t0
-    results.drop(columns=["config"], errors="ignore").to_csv(out / "results_runs.csv", index=False)
+    write_csv(out / "results_runs.csv", results.drop(columns=["config"], errors="ignore"))
     sections, tables = [], {}
     mech = None
     for n in names:
@@ -201,7 +203,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
         tables[n] = df
         if n == "mechanism":
             mech = df
-        df.to_csv(out / f"table_{n}.csv", index=False)
+        write_csv(out / f"table_{n}.csv", df)
         sections.append(f"## {e.title}\n\n{md}\n\n_(table built in {time.time() - t1:.0f} s)_\n")
     v = verdicts(results, root, b, S, mech)  # rules use the main seed list; missing runs are skipped
     tables["verdicts"] = v
@@ -224,7 +226,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
     if len(failed):
         head += ["**Failed runs:**", ""] + [f"- `{r.run}`: {str(r.error).splitlines()[0]}" for r in failed.itertuples()] + [""]
     text = "\n".join(head) + "\n" + "\n".join(sections) + "\n## Claim-by-claim verdict\n\n" + P.md_table(v) + "\n"
-    (out / "results.md").write_text(text)
+    write_text(out / "results.md", text)
     _write_html(out, results, root)
     return {"results": results, "tables": tables, "markdown": text}
 
@@ -254,8 +256,12 @@ def _write_html(out: Path, results: pd.DataFrame, root: Path) -> None:
                           yaxis2={"title": "gate value", "overlaying": "y", "side": "right", "range": [0, 1]})
         figs.append(fig)
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
-    (out / "report.html").write_text("<html><head><meta charset='utf-8'><title>circuitfade reproduce</title></head><body>"
-                                     "<h1>Training curves</h1>" + "\n".join(parts) + "</body></html>")
+    write_text(out / "report.html", "<html><head><meta charset='utf-8'><title>circuitfade reproduce</title></head>"
+               "<body><h1>Training curves</h1>" + "\n".join(parts) + "</body></html>")
+
+
+DEFAULT_OUT = "runs/reproduce"
+"""``circuitfade reproduce`` writes here unless ``--out`` says otherwise (never the committed results/)."""
 
 
 def main(argv=None) -> int:
@@ -263,7 +269,9 @@ def main(argv=None) -> int:
     ap.add_argument("experiments", nargs="*", help=f"any of {list(EXPERIMENTS)} (default: all)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--large-seeds", type=int, default=1, help="seeds for the large (L=4, d=128) model rows")
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", default=DEFAULT_OUT,
+                    help=f"output folder (default {DEFAULT_OUT}; runs are cached in OUT/runs)")
+    ap.add_argument("--force", action="store_true", help="replace results.md and the tables if OUT has them")
     ap.add_argument("--executor", choices=["local", "ray", "serial"], default="local")
     ap.add_argument("--address", help="Ray cluster address (with --executor ray)")
     ap.add_argument("--workers", type=int)
@@ -277,6 +285,10 @@ def main(argv=None) -> int:
         if not v.isdigit():
             ap.error(f"--seeds-for expects EXP=N, got {item!r}")
         seeds_for[k] = int(v)
+    out = Path(ns.out)
+    names = ns.experiments or list(EXPERIMENTS)
+    check_outputs([out / "results.md", out / "report.html", out / "results_runs.csv",
+                   *(out / f"table_{n}.csv" for n in names)], force=ns.force)  # before any training
     res = reproduce(ns.experiments, seeds=ns.seeds, out=ns.out, executor=ns.executor, workers=ns.workers,
                     address=ns.address, quick=ns.quick, large_seeds=ns.large_seeds, seeds_for=seeds_for,
                     train=not ns.tables_only)

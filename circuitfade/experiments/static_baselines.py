@@ -28,7 +28,7 @@ never recomputed and runs whose config coincides with another experiment's
 are shared. :func:`step_time_ms` measures the cost of one training step per
 prior (``benchmarks/priors.py`` prints it).
 
-    python -m circuitfade.experiments.static_baselines --seeds 3 --out results/static [--quick]
+    circuitfade static --seeds 3 --out results/static [--quick]   (or: python -m circuitfade.experiments.static_baselines ...)
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from circuitfade.model import SoftPriorConfig
 from circuitfade.model.priors import PRIORS
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.train.loop import RunConfig, TrainConfig
+from circuitfade.io import write_csv, write_text
 
 __all__ = [
     "TASKS",
@@ -501,7 +502,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m circuitfade.experiments.static_baselines",
+    ap = argparse.ArgumentParser(prog="circuitfade static",
                                  description="Static baselines (13 methods) and removability of published priors.")
     ap.add_argument("--seeds", type=int, default=3, help="number of seeds (0 .. n-1)")
     ap.add_argument("--out", default="results/static", help="output folder (runs in OUT/runs)")
@@ -519,8 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       tasks=tuple(args.tasks), progress=not args.no_progress, methods=args.methods,
                       fade_priors=tuple(args.fade_priors), timing=args.timing)
     out.mkdir(parents=True, exist_ok=True)
-    results.to_csv(out / "static_baselines.csv", index=False)
-    (out / "results.md").write_text(md + "\n")
+    write_csv(out / "static_baselines.csv", results)
+    write_text(out / "results.md", md + "\n")
     print(md)
     return 0 if not (results.status == "failed").any() else 1
 

@@ -1,646 +1,330 @@
-"""Step schedules for gates and data mixes.
+"""Step schedules (of a gate, or of a data-mix probability such as ``p_ICL``): one value type, one grammar.
 
-Every attention head carries gated biases whose gate ``g(t)`` lies in ``[0, 1]``.
-A gate is either *learned* (``g = sigmoid(logit)``), *fixed* (a constant) or
-*scheduled* (a pure function of the optimisation step).  This module holds the
-schedule machinery (also used for data-mix probabilities such as ``p_ICL``).
-The paper's named gate training paths live in :mod:`circuitfade.gating.paths`.
-
-Schedules are small frozen dataclasses (hashable, comparable) and callables
-``step -> float``.  Each has a compact :attr:`Schedule.spec` string that
-:func:`parse_schedule` maps back to an equal object.
-
-This module sits at the bottom of the package's dependency graph: it imports
-nothing else from :mod:`circuitfade`.
+A :class:`Schedule` is knots ``(s_i, v_i)`` (steps ``s_i >= 0`` strictly increasing) and an easing ``e``:
+``v(t) = v_0`` for ``t < s_0``, ``v_i + (v_{i+1} - v_i) e(u)`` with ``u = (t - s_i) / (s_{i+1} - s_i)`` for
+``s_i <= t < s_{i+1}``, ``v_last`` from ``s_last`` on.  The named schedules (:class:`Constant`,
+:class:`Linear`, :class:`Fade`, :class:`Switch`, :class:`TwoStep`, :func:`triangular`) only build knots;
+:data:`SCHEDULES`, one table, parses specs and writes :attr:`Schedule.spec`: ``parse_schedule(x.spec) == x``.
 """
 
 from __future__ import annotations
 
-import abc
 import bisect
+import inspect
 import math
 import numbers
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "DEFAULT_TOTAL_STEPS",
-    "DEFAULT_FADE_START",
-    "DEFAULT_FADE_WIDTH",
-    "FADE_SHAPES",
-    "TRIANGULAR_DIRECTIONS",
-    "SCHEDULE_FORMS",
-    "Schedule",
-    "Constant",
-    "Linear",
-    "Fade",
-    "Switch",
-    "TwoStep",
-    "Piecewise",
-    "triangular",
-    "fade_shape_variants",
-    "parse_schedule",
-    "as_schedule",
-]
+__all__ = ["DEFAULT_TOTAL_STEPS", "DEFAULT_FADE_START", "DEFAULT_FADE_WIDTH", "EASINGS", "FADE_SHAPES",
+           "TRIANGULAR_DIRECTIONS", "Schedule", "Constant", "Linear", "Fade", "Switch", "TwoStep", "Piecewise",
+           "triangular", "fade_shape_variants", "Form", "Grammar", "SCHEDULES", "parse_schedule", "format_schedule",
+           "schedule_context", "as_schedule", "as_real", "as_step"]
 
-DEFAULT_TOTAL_STEPS = 3600
-"""Total training budget of one path in the paper (steps)."""
+DEFAULT_TOTAL_STEPS = 3600  # steps of one path in the paper
+DEFAULT_FADE_START, DEFAULT_FADE_WIDTH = 600, 450  # the paper's fades: 0.5 until 600, to 0 over 450 steps
 
-DEFAULT_FADE_START = 600
-"""Step at which the paper's fades start."""
-
-DEFAULT_FADE_WIDTH = 450
-"""Number of steps over which the paper's fades go from start to end."""
-
-_DEFAULT_START = 0.5
-_DEFAULT_END = 0.0
-
-FADE_SHAPES: tuple[str, ...] = ("linear", "cosine", "convex", "concave")
-"""Shapes accepted by :class:`Fade` (see :func:`_shape_progress`)."""
-
+EASINGS: dict[str, Callable[[float], float]] = {
+    "linear": lambda u: u,
+    "cosine": lambda u: (1.0 - math.cos(math.pi * u)) / 2.0,  # slow at both ends
+    "convex": lambda u: 1.0 - (1.0 - u) ** 2,  # a decreasing fade drops fast early, flattens late
+    "concave": lambda u: u * u,  # a decreasing fade stays near its start, drops fast late
+    "step": lambda u: 0.0,  # hold v_i until s_{i+1}
+    "twostep": lambda u: 0.5,  # the midpoint from s_i until s_{i+1}
+}  # e(u) for u in [0, 1); each stays in [0, 1]
+FADE_SHAPES: tuple[str, ...] = ("linear", "cosine", "convex", "concave")  # the easings a Fade accepts
 TRIANGULAR_DIRECTIONS: tuple[str, ...] = ("up_first", "down_first")
-"""Directions accepted by :func:`triangular`."""
-
-SCHEDULE_FORMS: tuple[str, ...] = (
-    "const<v> | constant<v> | <v>",
-    "linear<a>-><b>  (from step 0 to total_steps)",
-    "linear<a>-><b>@<t0>:<t1>",
-    "fade<t>[+<w>]-><b>[:<shape>]  (start 0.5, width 450 by default)",
-    "fade<a>-><b>@<t>[+<w>][:<shape>]",
-    "switch@<t>  (0.5 -> 0)",
-    "switch<a>-><b>@<t>",
-    "twostep<t>[+<w>]-><b>  (start 0.5, width 450 by default)",
-    "twostep<a>-><b>@<t>[+<w>]",
-    "pw(<s0>:<v0>,<s1>:<v1>,...) | piecewise(...)",
-)
-"""Human-readable list of the spec forms accepted by :func:`parse_schedule`."""
 
 
-# --------------------------------------------------------------------------- #
-# validation / formatting helpers
-# --------------------------------------------------------------------------- #
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _as_value(name: str, x: Any) -> float:
-    """Coerce ``x`` to a finite float or raise ``ValueError``."""
-    if not _is_real(x):
+def as_real(name: str, x: Any) -> float:
+    """``x`` as a finite float, or ``ValueError`` naming ``name``."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool) or not math.isfinite(float(x)):
         raise ValueError(f"{name} must be a finite real number, got {x!r}")
-    v = float(x)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be a finite real number, got {x!r}")
-    return v
+    return float(x)
 
 
-def _as_step(name: str, x: Any, minimum: int = 0) -> int:
-    """Coerce ``x`` to an ``int >= minimum`` (integral floats accepted)."""
-    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
-        v = int(x)
-    elif _is_real(x) and math.isfinite(float(x)) and float(x).is_integer():
-        v = int(float(x))
-    else:
+def as_step(name: str, x: Any, minimum: int = 0) -> int:
+    """``x`` as an ``int >= minimum`` (integral floats accepted), or ``ValueError`` naming ``name``."""
+    ok = isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
+    if not ok or not float(x).is_integer() or int(x) < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {x!r}")
-    if v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {v}")
-    return v
+    return int(x)
 
 
-def _as_knot_step(name: str, x: Any) -> int | float:
-    """Coerce a knot position to a real ``>= 0``: ``int`` if integral else ``float``."""
-    v = _as_value(name, x)
-    if v < 0:
-        raise ValueError(f"{name} must be >= 0, got {x!r}")
-    return int(v) if v.is_integer() else v
-
-
-def _check_step(step: Any) -> float:
-    """Validate a step passed to a schedule; returns it as a float."""
-    if not _is_real(step):
-        raise TypeError(f"step must be a non-negative integer, got {step!r}")
-    s = float(step)
-    if not math.isfinite(s) or s < 0:
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
-    return s
-
-
-def _fmt(x: float) -> str:
-    """Shortest string that ``float()`` maps back to ``x`` (``0.5``, ``0``, ``1e-05``)."""
+def _fmt(x: float) -> str:  # shortest string that float() maps back to x: 0.5, 0, 1e-05
     v = float(x)
-    if v.is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return repr(v)
+    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
 
 
-# --------------------------------------------------------------------------- #
-# schedules
-# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Schedule:
+    """Knots ``(step, value)`` (pairs or a mapping) and an easing: ``step -> float``; kinds compare apart."""
 
+    knots: tuple[tuple[int | float, float], ...]
+    easing: str = "linear"
 
-class Schedule(abc.ABC):
-    """A pure function ``step -> float`` for steps ``>= 0``.
-
-    Subclasses implement :meth:`_value` (the formula, called with a validated
-    step as a float), :attr:`spec` (a compact string that
-    :func:`parse_schedule` maps back to an equal object) and
-    :meth:`value_range` (the closed interval of values the schedule takes).
-    """
-
-    __slots__ = ()
+    def __post_init__(self) -> None:
+        what, raw = type(self).__name__, self.knots
+        raw = list(raw.items()) if isinstance(raw, Mapping) else raw
+        if isinstance(raw, (str, bytes)) or not isinstance(raw, Iterable):
+            raise ValueError(f"{what} knots must be an iterable of (step, value) pairs, got {raw!r}")
+        knots = []
+        for i, p in enumerate(raw):
+            if not isinstance(p, Iterable) or len(p := tuple(p)) != 2 or (s := as_real(f"{what} step", p[0])) < 0:
+                raise ValueError(f"{what} knot {i} must be a (step >= 0, value) pair, got {p!r}")
+            knots.append((int(s) if s.is_integer() else s, as_real(f"{what} knot value", p[1])))
+        if not knots:
+            raise ValueError(f"{what} needs at least one (step, value) knot")
+        if bad := [(a, b) for (a, _), (b, _) in zip(knots, knots[1:]) if not b > a]:
+            raise ValueError(f"{what} knot steps must be strictly increasing, got {bad[0][0]} then {bad[0][1]}")
+        if self.easing not in EASINGS:
+            raise ValueError(f"unknown easing {self.easing!r}; expected one of {', '.join(EASINGS)}")
+        object.__setattr__(self, "knots", tuple(knots))
+        object.__setattr__(self, "easing", self.easing if len(knots) > 1 else "linear")
 
     def __call__(self, step: int) -> float:
-        """Value at ``step``; raises ``ValueError`` for ``step < 0``."""
-        return float(self._value(_check_step(step)))
+        """Value at ``step``; ``TypeError`` / ``ValueError`` unless ``step`` is a real ``>= 0``."""
+        if not isinstance(step, numbers.Real) or isinstance(step, bool):
+            raise TypeError(f"step must be a non-negative integer, got {step!r}")
+        if not math.isfinite(t := float(step)) or t < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        k, i = self.knots, bisect.bisect_right(self.steps, t) - 1
+        if i < 0 or i == len(k) - 1:
+            return float(k[max(i, 0)][1])
+        (s0, v0), (s1, v1) = k[i], k[i + 1]
+        if self.easing == "linear":  # written as the paper's ramps are, bit for bit
+            return v0 + (v1 - v0) * (t - s0) / (s1 - s0)
+        return v0 + (v1 - v0) * EASINGS[self.easing]((t - s0) / (s1 - s0))
 
-    @abc.abstractmethod
-    def _value(self, step: float) -> float:
-        """The formula, for an already validated ``step >= 0``."""
+    steps = property(lambda self: tuple(s for s, _ in self.knots))
+    points = property(lambda self: self.knots)  # the name Piecewise uses
+    start = property(lambda self: self.knots[0][1])  # value up to the first knot
+    end = property(lambda self: self.knots[-1][1])  # value from the last knot on
+    spec = property(lambda self: SCHEDULES.format(self), doc="Compact spec: ``parse_schedule(s.spec) == s``.")
 
-    @property
-    @abc.abstractmethod
-    def spec(self) -> str:
-        """Compact spec string; ``parse_schedule(self.spec) == self``."""
-
-    @abc.abstractmethod
     def value_range(self) -> tuple[float, float]:
-        """``(min, max)`` of the values over all steps ``>= 0`` (may be loose for knots < 0)."""
+        """``(min, max)`` of the values over all steps ``>= 0``."""
+        return (min(v for _, v in self.knots), max(v for _, v in self.knots))
 
     def values(self, steps: int | Iterable[int]) -> np.ndarray:
         """Values at ``steps`` as a float64 array; an int ``n`` means ``range(n)``."""
-        if isinstance(steps, numbers.Integral) and not isinstance(steps, bool):
-            steps = range(int(steps))
+        steps = range(steps) if isinstance(steps, numbers.Integral) and not isinstance(steps, bool) else steps
         return np.asarray([self(s) for s in steps], dtype=np.float64)
 
     def __str__(self) -> str:
         return self.spec
 
 
-@dataclass(frozen=True)
+Piecewise = Schedule  # piecewise-linear through knots: Piecewise(((0, 0.5), (100, 0.6)))
+
+
+def _knot(i: int, j: int) -> property:
+    return property(lambda self: self.knots[i][j])
+
+
 class Constant(Schedule):
-    """``value`` at every step.  Spec: ``const<value>``."""
-
-    value: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "value", _as_value("Constant.value", self.value))
-
-    def _value(self, step: float) -> float:
-        return self.value
-
-    @property
-    def spec(self) -> str:
-        return f"const{_fmt(self.value)}"
-
-    def value_range(self) -> tuple[float, float]:
-        return (self.value, self.value)
+    """``value`` at every step."""
+    def __init__(self, value: float):
+        super().__init__(((0, value),))
+    value = _knot(0, 1)
 
 
-@dataclass(frozen=True)
 class Linear(Schedule):
-    """Linear ramp between two steps.
-
-    ``v(t) = start`` for ``t <= t0``; ``end`` for ``t >= t1``; otherwise
-    ``start + (end - start) * (t - t0) / (t1 - t0)``.  Requires ``0 <= t0 < t1``.
-    Spec: ``linear<start>-><end>@<t0>:<t1>``.
-    """
-
-    start: float
-    end: float
-    t0: int
-    t1: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "start", _as_value("Linear.start", self.start))
-        object.__setattr__(self, "end", _as_value("Linear.end", self.end))
-        t0 = _as_step("Linear.t0", self.t0)
-        t1 = _as_step("Linear.t1", self.t1)
+    """``start`` until ``t0``, linear to ``end`` at ``t1``, then ``end``; needs ``0 <= t0 < t1``."""
+    def __init__(self, start: float, end: float, t0: int, t1: int):
+        t0, t1 = as_step("Linear.t0", t0), as_step("Linear.t1", t1)
         if t1 <= t0:
             raise ValueError(f"Linear needs t0 < t1, got t0={t0}, t1={t1}")
-        object.__setattr__(self, "t0", t0)
-        object.__setattr__(self, "t1", t1)
-
-    def _value(self, step: float) -> float:
-        if step <= self.t0:
-            return self.start
-        if step >= self.t1:
-            return self.end
-        return self.start + (self.end - self.start) * (step - self.t0) / (self.t1 - self.t0)
-
-    @property
-    def spec(self) -> str:
-        return f"linear{_fmt(self.start)}->{_fmt(self.end)}@{self.t0}:{self.t1}"
-
-    def value_range(self) -> tuple[float, float]:
-        return (min(self.start, self.end), max(self.start, self.end))
+        super().__init__(((t0, start), (t1, end)))
+    t0, t1 = _knot(0, 0), _knot(-1, 0)
 
 
-def _shape_progress(shape: str, u: float) -> float:
-    """Eased progress ``s(u)`` for ``u in [0, 1]``; ``s(0) = 0``, ``s(1) = 1``.
-
-    * ``linear``:  ``s(u) = u``
-    * ``cosine``:  ``s(u) = (1 - cos(pi * u)) / 2``
-    * ``convex``:  ``s(u) = 1 - (1 - u)**2`` (fast early, slow late)
-    * ``concave``: ``s(u) = u**2`` (slow early, fast late)
-    """
-    if shape == "linear":
-        return u
-    if shape == "cosine":
-        return (1.0 - math.cos(math.pi * u)) / 2.0
-    if shape == "convex":
-        return 1.0 - (1.0 - u) ** 2
-    if shape == "concave":
-        return u * u
-    raise ValueError(f"unknown fade shape {shape!r}; expected one of {', '.join(FADE_SHAPES)}")
-
-
-@dataclass(frozen=True)
 class Fade(Schedule):
-    """Hold, fade, hold.
-
-    With ``u = (t - fade_start) / width``:
-
-    * ``v(t) = start`` for ``t <= fade_start``;
-    * ``v(t) = start + (end - start) * s(u)`` for ``fade_start < t < fade_start + width``;
-    * ``v(t) = end`` (exactly) for ``t >= fade_start + width``.
-
-    The shape ``s`` is one of :data:`FADE_SHAPES`:
-
-    * ``linear``:  ``s(u) = u``;
-    * ``cosine``:  ``s(u) = (1 - cos(pi u)) / 2`` (slow at both ends);
-    * ``convex``:  ``s(u) = 1 - (1 - u)^2`` -- for a *decreasing* fade
-      (``end < start``) the value curve is convex in ``u``: it drops fast early
-      and flattens towards ``end``;
-    * ``concave``: ``s(u) = u^2`` -- for a decreasing fade the value curve is
-      concave: it stays near ``start`` early and drops fast late.
-
-    (For an increasing fade the same ``s`` is used, so the curvature names
-    refer to the decreasing case.)  Requires ``fade_start >= 0`` and
-    ``width >= 1``.  Spec: ``fade<fade_start>[+<width>]-><end>[:<shape>]`` when
-    ``start == 0.5``, else ``fade<start>-><end>@<fade_start>[+<width>][:<shape>]``;
-    ``+<width>`` is omitted for 450 and ``:<shape>`` for linear.
-    """
-
-    start: float = _DEFAULT_START
-    end: float = _DEFAULT_END
-    fade_start: int = DEFAULT_FADE_START
-    width: int = DEFAULT_FADE_WIDTH
-    shape: str = "linear"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "start", _as_value("Fade.start", self.start))
-        object.__setattr__(self, "end", _as_value("Fade.end", self.end))
-        object.__setattr__(self, "fade_start", _as_step("Fade.fade_start", self.fade_start))
-        object.__setattr__(self, "width", _as_step("Fade.width", self.width, minimum=1))
-        shape = self.shape.strip().lower() if isinstance(self.shape, str) else self.shape
-        if shape not in FADE_SHAPES:
-            hint = " (for a two-step schedule use TwoStep / 'twostep<t>-><b>')" if shape == "twostep" else ""
-            raise ValueError(
-                f"unknown fade shape {self.shape!r}; expected one of {', '.join(FADE_SHAPES)}{hint}"
-            )
-        object.__setattr__(self, "shape", shape)
-
-    @property
-    def fade_end(self) -> int:
-        """First step at which the value is exactly ``end`` (``fade_start + width``)."""
-        return self.fade_start + self.width
-
-    def _value(self, step: float) -> float:
-        if step <= self.fade_start:
-            return self.start
-        if step >= self.fade_end:
-            return self.end
-        u = (step - self.fade_start) / self.width
-        return self.start + (self.end - self.start) * _shape_progress(self.shape, u)
-
-    @property
-    def spec(self) -> str:
-        width = "" if self.width == DEFAULT_FADE_WIDTH else f"+{self.width}"
-        shape = "" if self.shape == "linear" else f":{self.shape}"
-        if self.start == _DEFAULT_START:
-            return f"fade{self.fade_start}{width}->{_fmt(self.end)}{shape}"
-        return f"fade{_fmt(self.start)}->{_fmt(self.end)}@{self.fade_start}{width}{shape}"
-
-    def value_range(self) -> tuple[float, float]:
-        return (min(self.start, self.end), max(self.start, self.end))
+    """Hold ``start`` until ``fade_start``, ease to ``end`` over ``width >= 1`` steps (shape: an easing of
+    :data:`FADE_SHAPES`; convex / concave name the curve of a decreasing fade), exactly ``end`` from ``fade_end``."""
+    def __init__(self, start: float = 0.5, end: float = 0.0, fade_start: int = DEFAULT_FADE_START,
+                 width: int = DEFAULT_FADE_WIDTH, shape: str = "linear"):
+        s, name = (shape.strip().lower() if isinstance(shape, str) else shape), type(self).__name__
+        if s not in self._shapes:
+            hint = " (for a two-step schedule use TwoStep / 'twostep<t>-><b>')" if s == "twostep" else ""
+            raise ValueError(f"unknown fade shape {shape!r}; expected one of {', '.join(self._shapes)}{hint}")
+        t, w = as_step(f"{name}.fade_start", fade_start), as_step(f"{name}.width", width, minimum=1)
+        super().__init__(((t, start), (t + w, end)), s)
+    _shapes = FADE_SHAPES
+    fade_start, fade_end = _knot(0, 0), _knot(-1, 0)  # last step at ``start``, first exactly at ``end``
+    width = property(lambda self: self.fade_end - self.fade_start)
+    shape = property(lambda self: self.easing)
 
 
-@dataclass(frozen=True)
+class TwoStep(Fade):
+    """``start`` before ``fade_start``, ``(start + end) / 2`` until ``fade_start + width``, then ``end``."""
+    def __init__(self, start: float = 0.5, end: float = 0.0, fade_start: int = DEFAULT_FADE_START,
+                 width: int = DEFAULT_FADE_WIDTH):
+        super().__init__(start, end, fade_start, width, "twostep")
+    _shapes = ("twostep",)
+    midpoint = property(lambda self: self(self.fade_start))  # (start + end) / 2
+
+
 class Switch(Schedule):
-    """Hard switch: ``v(t) = before`` for ``t < at``, ``after`` for ``t >= at``.
-
-    Requires ``at >= 0``.  Spec: ``switch@<at>`` when ``before == 0.5`` and
-    ``after == 0``, else ``switch<before>-><after>@<at>``.
-    """
-
-    before: float = _DEFAULT_START
-    after: float = _DEFAULT_END
-    at: int = DEFAULT_FADE_START + DEFAULT_FADE_WIDTH
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "before", _as_value("Switch.before", self.before))
-        object.__setattr__(self, "after", _as_value("Switch.after", self.after))
-        object.__setattr__(self, "at", _as_step("Switch.at", self.at))
-
-    def _value(self, step: float) -> float:
-        return self.before if step < self.at else self.after
-
-    @property
-    def spec(self) -> str:
-        if self.before == _DEFAULT_START and self.after == _DEFAULT_END:
-            return f"switch@{self.at}"
-        return f"switch{_fmt(self.before)}->{_fmt(self.after)}@{self.at}"
-
-    def value_range(self) -> tuple[float, float]:
-        if self.at == 0:
-            return (self.after, self.after)
-        return (min(self.before, self.after), max(self.before, self.after))
+    """Hard switch: ``before`` for steps ``< at``, ``after`` from ``at`` on (``at >= 0``)."""
+    def __init__(self, before: float = 0.5, after: float = 0.0, at: int = DEFAULT_FADE_START + DEFAULT_FADE_WIDTH):
+        at = as_step("Switch.at", at)
+        if at == 0:  # a switch at step 0 never shows ``before``: one knot
+            as_real("Switch.before", before)
+        super().__init__(((0, before), (at, after))[1 if at == 0 else 0:], "step")
+    before, after, at = _knot(0, 1), _knot(-1, 1), _knot(-1, 0)
 
 
-@dataclass(frozen=True)
-class TwoStep(Schedule):
-    """Two hard steps through the midpoint.
-
-    ``v(t) = start`` for ``t < fade_start``; ``(start + end) / 2`` for
-    ``fade_start <= t < fade_start + width``; ``end`` for ``t >= fade_start + width``.
-    Requires ``fade_start >= 0`` and ``width >= 1``.  Spec:
-    ``twostep<fade_start>[+<width>]-><end>`` when ``start == 0.5``, else
-    ``twostep<start>-><end>@<fade_start>[+<width>]`` (``+<width>`` omitted for 450).
-    """
-
-    start: float = _DEFAULT_START
-    end: float = _DEFAULT_END
-    fade_start: int = DEFAULT_FADE_START
-    width: int = DEFAULT_FADE_WIDTH
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "start", _as_value("TwoStep.start", self.start))
-        object.__setattr__(self, "end", _as_value("TwoStep.end", self.end))
-        object.__setattr__(self, "fade_start", _as_step("TwoStep.fade_start", self.fade_start))
-        object.__setattr__(self, "width", _as_step("TwoStep.width", self.width, minimum=1))
-
-    @property
-    def midpoint(self) -> float:
-        """``(start + end) / 2``."""
-        return (self.start + self.end) / 2.0
-
-    @property
-    def fade_end(self) -> int:
-        """First step at which the value is ``end`` (``fade_start + width``)."""
-        return self.fade_start + self.width
-
-    def _value(self, step: float) -> float:
-        if step < self.fade_start:
-            return self.start
-        if step < self.fade_end:
-            return self.midpoint
-        return self.end
-
-    @property
-    def spec(self) -> str:
-        width = "" if self.width == DEFAULT_FADE_WIDTH else f"+{self.width}"
-        if self.start == _DEFAULT_START:
-            return f"twostep{self.fade_start}{width}->{_fmt(self.end)}"
-        return f"twostep{_fmt(self.start)}->{_fmt(self.end)}@{self.fade_start}{width}"
-
-    def value_range(self) -> tuple[float, float]:
-        return (min(self.start, self.end), max(self.start, self.end))
-
-
-@dataclass(frozen=True)
-class Piecewise(Schedule):
-    """Piecewise-linear interpolation through knots ``(s_i, v_i)``.
-
-    Knot steps must be ``>= 0`` and strictly increasing (they may be
-    non-integral).  ``v(t) = v_0`` for ``t <= s_0``; ``v_last`` for
-    ``t >= s_last``; for ``s_i <= t < s_{i+1}``:
-    ``v(t) = v_i + (v_{i+1} - v_i) * (t - s_i) / (s_{i+1} - s_i)``.
-    ``points`` may be any iterable of pairs or a mapping ``step -> value``; it is
-    stored as a tuple of ``(step, value)`` tuples.
-    Spec: ``pw(<s0>:<v0>,<s1>:<v1>,...)``.
-    """
-
-    points: tuple[tuple[int | float, float], ...]
-
-    def __post_init__(self) -> None:
-        raw = self.points
-        if isinstance(raw, Mapping):
-            raw = list(raw.items())
-        if isinstance(raw, (str, bytes)) or not isinstance(raw, Iterable):
-            raise ValueError(f"Piecewise.points must be an iterable of (step, value) pairs, got {raw!r}")
-        pts: list[tuple[int | float, float]] = []
-        for i, p in enumerate(raw):
-            try:
-                s, v = p
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"Piecewise.points[{i}] must be a (step, value) pair, got {p!r}"
-                ) from None
-            pts.append((_as_knot_step(f"Piecewise.points[{i}] step", s), _as_value(f"Piecewise.points[{i}] value", v)))
-        if not pts:
-            raise ValueError("Piecewise needs at least one (step, value) knot")
-        for (s0, _), (s1, _) in zip(pts, pts[1:]):
-            if not s1 > s0:
-                raise ValueError(
-                    f"Piecewise knot steps must be strictly increasing, got {s0} then {s1}"
-                )
-        object.__setattr__(self, "points", tuple(pts))
-
-    @property
-    def steps(self) -> tuple[int | float, ...]:
-        return tuple(s for s, _ in self.points)
-
-    def _value(self, step: float) -> float:
-        pts = self.points
-        if step <= pts[0][0]:
-            return pts[0][1]
-        if step >= pts[-1][0]:
-            return pts[-1][1]
-        i = bisect.bisect_right(self.steps, step) - 1
-        (s0, v0), (s1, v1) = pts[i], pts[i + 1]
-        if step == s0:
-            return v0
-        return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
-
-    @property
-    def spec(self) -> str:
-        return "pw(" + ",".join(f"{_fmt(s)}:{_fmt(v)}" for s, v in self.points) + ")"
-
-    def value_range(self) -> tuple[float, float]:
-        vals = [v for _, v in self.points]
-        return (min(vals), max(vals))
-
-
-def triangular(
-    p0: float,
-    delta: float,
-    period: int,
-    direction: str = "up_first",
-    start: int = 0,
-) -> Piecewise:
-    """Triangular excursion around ``p0`` as a :class:`Piecewise`.
-
-    Knots at ``start + (0, period/4, 3*period/4, period)`` with values
-
-    * ``up_first``:   ``p0, p0 + delta, p0 - delta, p0``;
-    * ``down_first``: ``p0, p0 - delta, p0 + delta, p0``;
-
-    so every segment has slope ``+-4 * delta / period``.  The value is ``p0``
-    before ``start`` and after ``start + period``.  Requires ``delta >= 0``,
-    ``period >= 1`` and ``start >= 0``.  Example: ``triangular(0.5, 0.1, 400)``
-    is the data-mix schedule 0.5 -> 0.6 -> 0.4 -> 0.5.
-    """
-    p0 = _as_value("triangular p0", p0)
-    delta = _as_value("triangular delta", delta)
+def triangular(p0: float, delta: float, period: int, direction: str = "up_first", start: int = 0) -> Schedule:
+    """Knots ``p0, p0 + delta, p0 - delta, p0`` (``up_first``; ``down_first`` mirrors) at ``start`` + 0,
+    ``period / 4``, ``3 period / 4``, ``period``: slopes ``+-4 delta / period``; ``triangular(0.5, 0.1, 400)``."""
+    p0, delta = as_real("triangular p0", p0), as_real("triangular delta", delta)
     if delta < 0:
-        raise ValueError(
-            f"triangular delta must be >= 0 (use direction='down_first' to go down first), got {delta}"
-        )
-    period = _as_step("triangular period", period, minimum=1)
-    start = _as_step("triangular start", start)
+        raise ValueError(f"triangular delta must be >= 0 (direction='down_first' goes down first), got {delta}")
+    period, start = as_step("triangular period", period, minimum=1), as_step("triangular start", start)
     if direction not in TRIANGULAR_DIRECTIONS:
-        raise ValueError(
-            f"unknown triangular direction {direction!r}; expected one of {', '.join(TRIANGULAR_DIRECTIONS)}"
-        )
-    sign = 1.0 if direction == "up_first" else -1.0
-    return Piecewise(
-        (
-            (start, p0),
-            (start + period / 4, p0 + sign * delta),
-            (start + 3 * period / 4, p0 - sign * delta),
-            (start + period, p0),
-        )
-    )
+        raise ValueError(f"unknown direction {direction!r}; expected one of {', '.join(TRIANGULAR_DIRECTIONS)}")
+    d = delta if direction == "up_first" else -delta
+    return Piecewise(zip((start, start + period / 4, start + 3 * period / 4, start + period), (p0, p0 + d, p0 - d, p0)))
 
 
-def fade_shape_variants(
-    start: float = _DEFAULT_START,
-    end: float = _DEFAULT_END,
-    fade_start: int = DEFAULT_FADE_START,
-    width: int = DEFAULT_FADE_WIDTH,
-) -> dict[str, Schedule]:
-    """The paper's fade-shape sweep: one :class:`Fade` per shape plus a :class:`TwoStep`.
-
-    Keys: ``linear``, ``cosine``, ``convex``, ``concave``, ``twostep``.
-    """
-    out: dict[str, Schedule] = {s: Fade(start, end, fade_start, width, s) for s in FADE_SHAPES}
-    out["twostep"] = TwoStep(start, end, fade_start, width)
-    return out
+def fade_shape_variants(start: float = 0.5, end: float = 0.0, fade_start: int = DEFAULT_FADE_START,
+                        width: int = DEFAULT_FADE_WIDTH) -> dict[str, Schedule]:
+    """The paper's fade-shape sweep: one :class:`Fade` per shape plus ``twostep``: a :class:`TwoStep`."""
+    fades = {s: Fade(start, end, fade_start, width, s) for s in FADE_SHAPES}
+    return {**fades, "twostep": TwoStep(start, end, fade_start, width)}
 
 
-# --------------------------------------------------------------------------- #
-# parsing
-# --------------------------------------------------------------------------- #
-
+# the spec grammar: one table of templates that both parse and format
 _NUM = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?"
-_INT = r"[+-]?\d+"
-_SHAPE = r"(?::(?P<shape>[a-z_]+))?"
-
-_RE_CONST = re.compile(rf"(?:const|constant)?(?P<v>{_NUM})")
-_RE_LINEAR = re.compile(rf"linear(?P<a>{_NUM})->(?P<b>{_NUM})(?:@(?P<t0>{_INT}):(?P<t1>{_INT}))?")
-_RE_FADE_SHORT = re.compile(rf"fade(?P<t>{_INT})(?:\+(?P<w>{_INT}))?->(?P<b>{_NUM}){_SHAPE}")
-_RE_FADE_LONG = re.compile(rf"fade(?P<a>{_NUM})->(?P<b>{_NUM})@(?P<t>{_INT})(?:\+(?P<w>{_INT}))?{_SHAPE}")
-_RE_SWITCH_SHORT = re.compile(rf"switch@(?P<t>{_INT})")
-_RE_SWITCH_LONG = re.compile(rf"switch(?P<a>{_NUM})->(?P<b>{_NUM})@(?P<t>{_INT})")
-_RE_TWOSTEP_SHORT = re.compile(rf"twostep(?P<t>{_INT})(?:\+(?P<w>{_INT}))?->(?P<b>{_NUM})")
-_RE_TWOSTEP_LONG = re.compile(rf"twostep(?P<a>{_NUM})->(?P<b>{_NUM})@(?P<t>{_INT})(?:\+(?P<w>{_INT}))?")
-_RE_PW = re.compile(r"(?:pw|piecewise)\((?P<body>.*)\)")
-_RE_KNOT = re.compile(rf"(?P<s>{_NUM}):(?P<v>{_NUM})")
+_num, _int, _word = (_NUM, float, _fmt), (r"[+-]?\d+", int, str), (r"[a-z_]+", str, str)
 
 
-def _normalize(spec: Any, what: str) -> str:
-    if not isinstance(spec, str):
-        raise TypeError(f"{what} must be a string, got {type(spec).__name__}")
-    return re.sub(r"\s+", "", spec).lower()
+def _parse_knots(body: str) -> tuple:
+    if bad := [p for p in body.split(",") if not re.fullmatch(f"{_NUM}:{_NUM}", p)]:
+        raise ValueError(f"knot {bad[0]!r} is not of the form <step>:<value>")
+    return tuple(tuple(map(float, p.split(":"))) for p in body.split(","))
 
 
-def _schedule_error(spec: str, reason: str | None = None) -> ValueError:
-    why = f": {reason}" if reason else ""
-    return ValueError(
-        f"invalid schedule spec {spec!r}{why}; accepted forms: " + "; ".join(SCHEDULE_FORMS)
-    )
+FIELDS: dict[str, tuple[str, Callable[[str], Any], Callable[[Any], str]]] = {  # name: (regex, parse, format)
+    **dict.fromkeys(("value", "start", "end", "before", "after"), _num),
+    **dict.fromkeys(("t0", "t1", "at", "fade_start", "width", "extra_steps"), _int),
+    **dict.fromkeys(("shape", "easing"), _word),
+    "knots": (r".*", _parse_knots, lambda k: ",".join(f"{_fmt(s)}:{_fmt(v)}" for s, v in k)),
+}
+_FIELD = re.compile(r"\{(\w+)\}")
 
 
-def _width(m: re.Match[str]) -> int:
-    return int(m["w"]) if m["w"] is not None else DEFAULT_FADE_WIDTH
+@dataclass(frozen=True)
+class Form:
+    """A grammar row: ``template`` (text, ``{field}`` of :data:`FIELDS`, ``[optional part]``), ``build(**params)``,
+    ``fixed`` params: defaults of template fields, else conditions (an object of type ``build`` is written by
+    the first row it meets; an optional part is left out when its fields are at the defaults)."""
+
+    template: str
+    build: Callable[..., Any]
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        parts = [(p[0] == "[", p.strip("[]")) for p in re.split(r"(\[[^\]]*\])", self.template) if p]
+        rx = "".join(("(?:%s)?" if opt else "%s") % "".join(f"(?P<{t}>{FIELDS[t][0]})" if i % 2 else re.escape(t)
+                                                            for i, t in enumerate(_FIELD.split(text)))
+                     for opt, text in parts)
+        object.__setattr__(self, "parts", parts)
+        object.__setattr__(self, "regex", re.compile(rx))
+        object.__setattr__(self, "fields", tuple(_FIELD.findall(self.template)))
+
+    def match(self, s: str, context: Mapping[str, Any]) -> dict | None:  # params of normalized spec s, or None
+        if (m := self.regex.fullmatch(s)) is None:
+            return None
+        given = {k: FIELDS[k][1](v) for k, v in m.groupdict().items() if v is not None}
+        return {**self.fixed, **{k: context[k] for k in self.fields if k in context}, **given}
+
+    def render(self, get: Callable[[str], Any], defaults: Mapping[str, Any]) -> str:  # spec of params get(name)
+        keep = [not (opt and all(n in defaults and get(n) == defaults[n] for n in _FIELD.findall(text)))
+                for opt, text in self.parts]
+        return "".join(_FIELD.sub(lambda m: FIELDS[m[1]][2](get(m[1])), text)
+                       for k, (_, text) in zip(keep, self.parts) if k)
+
+    def writes(self, obj: Any) -> bool:
+        conditions = {k: v for k, v in self.fixed.items() if k not in self.fields}
+        return type(obj) is self.build and all(getattr(obj, k) == v for k, v in conditions.items())
 
 
-def _shape(m: re.Match[str]) -> str:
-    return m["shape"] if m["shape"] is not None else "linear"
+@dataclass(frozen=True)
+class Grammar:
+    """An ordered table of :class:`Form` rows: the first row that fits parses, the first that writes formats."""
+
+    what: str
+    forms: tuple[Form, ...]
+    hint: str = ""
+
+    def parse(self, spec: str, then: Callable | None = None, **context: Any) -> Any:
+        """Object of ``spec`` (whitespace, case ignored), through ``then(obj, form, params)``; one ValueError."""
+        if not isinstance(spec, str):
+            raise TypeError(f"{self.what} must be a string, got {type(spec).__name__}")
+        s, why = re.sub(r"\s+", "", spec).lower(), ""
+        try:
+            for form in self.forms:
+                if (params := form.match(s, context)) is not None:
+                    obj = form.build(**params)
+                    return then(obj, form, params) if then else obj
+        except ValueError as err:
+            why = f": {err}"
+        forms = "; ".join(f.template for f in self.forms)
+        raise ValueError(f"invalid {self.what} {spec!r}{why}; {self.hint}accepted forms: {forms}") from None
+
+    def format(self, obj: Any, **context: Any) -> str:
+        """Spec of ``obj``; ``context`` gives further defaults (e.g. ``t1=total_steps``)."""
+        form = next((f for f in self.forms if f.writes(obj)), None)
+        if form is None:
+            raise ValueError(f"no {self.what} form writes {obj!r}")
+        sig = inspect.signature(form.build).parameters.values()
+        defaults = {p.name: p.default for p in sig if p.default is not p.empty}
+        defaults.update({k: v for k, v in form.fixed.items() if k in form.fields}, **context)
+        return form.render(lambda n: getattr(obj, n), defaults)
 
 
-def _build_schedule(s: str, total_steps: int) -> Schedule | None:
-    """Return the schedule for normalized spec ``s``, or ``None`` if no form matches."""
-    if m := _RE_CONST.fullmatch(s):
-        return Constant(float(m["v"]))
-    if m := _RE_LINEAR.fullmatch(s):
-        t0 = int(m["t0"]) if m["t0"] is not None else 0
-        t1 = int(m["t1"]) if m["t1"] is not None else total_steps
-        return Linear(float(m["a"]), float(m["b"]), t0, t1)
-    if m := _RE_FADE_SHORT.fullmatch(s):
-        return Fade(_DEFAULT_START, float(m["b"]), int(m["t"]), _width(m), _shape(m))
-    if m := _RE_FADE_LONG.fullmatch(s):
-        return Fade(float(m["a"]), float(m["b"]), int(m["t"]), _width(m), _shape(m))
-    if m := _RE_SWITCH_SHORT.fullmatch(s):
-        return Switch(_DEFAULT_START, _DEFAULT_END, int(m["t"]))
-    if m := _RE_SWITCH_LONG.fullmatch(s):
-        return Switch(float(m["a"]), float(m["b"]), int(m["t"]))
-    if m := _RE_TWOSTEP_SHORT.fullmatch(s):
-        return TwoStep(_DEFAULT_START, float(m["b"]), int(m["t"]), _width(m))
-    if m := _RE_TWOSTEP_LONG.fullmatch(s):
-        return TwoStep(float(m["a"]), float(m["b"]), int(m["t"]), _width(m))
-    if m := _RE_PW.fullmatch(s):
-        knots = []
-        for part in m["body"].split(","):
-            k = _RE_KNOT.fullmatch(part)
-            if k is None:
-                raise ValueError(f"knot {part!r} is not of the form <step>:<value>")
-            knots.append((float(k["s"]), float(k["v"])))
-        return Piecewise(tuple(knots))
-    return None
+SCHEDULES = Grammar("schedule spec", (
+    Form("const[ant]{value}", Constant),
+    Form("{value}", Constant),
+    Form("linear{start}->{end}[@{t0}:{t1}]", Linear, {"t0": 0}),
+    Form("fade{fade_start}[+{width}]->{end}[:{shape}]", Fade, {"start": 0.5}),
+    Form("fade{start}->{end}@{fade_start}[+{width}][:{shape}]", Fade),
+    Form("switch@{at}", Switch, {"before": 0.5, "after": 0.0}),
+    Form("switch{before}->{after}@{at}", Switch),
+    Form("twostep{fade_start}[+{width}]->{end}", TwoStep, {"start": 0.5}),
+    Form("twostep{start}->{end}@{fade_start}[+{width}]", TwoStep),
+    Form("pw({knots})[:{easing}]", Schedule),
+    Form("piecewise({knots})[:{easing}]", Schedule),
+))  # ``linear<a>-><b>`` runs from step 0 to ``total_steps``
 
 
 def parse_schedule(spec: str, total_steps: int = DEFAULT_TOTAL_STEPS) -> Schedule:
-    """Parse a compact schedule spec (whitespace ignored, case-insensitive).
+    """Schedule of a spec (whitespace ignored, case-insensitive; forms: :data:`SCHEDULES`), e.g. ``0.5``,
+    ``linear0.5->0`` (step 0 to ``total_steps``), ``fade600+300->0.1:cosine``, ``switch@1050``, ``twostep600->0``,
+    ``pw(0:0.5,100:0.6)``.  A bad spec raises ``ValueError`` listing the accepted forms."""
+    return SCHEDULES.parse(spec, **schedule_context(total_steps))
 
-    Accepted forms (``<a>``, ``<b>``, ``<v>`` numbers; ``<t>``, ``<w>`` steps):
 
-    * ``const0.5``, ``constant0.5``, ``0.5`` -> ``Constant(0.5)``
-    * ``linear0.5->0`` -> ``Linear(0.5, 0, 0, total_steps)``;
-      ``linear0.5->0@100:900`` -> ``Linear(0.5, 0, 100, 900)``
-    * ``fade600->0`` -> ``Fade(0.5, 0, 600, 450, "linear")``;
-      ``fade600+300->0`` (width 300); ``fade600->0.1`` (end 0.1);
-      ``fade600->0:cosine`` (shape); ``fade0.8->0@600+300:convex`` (start 0.8)
-    * ``switch@1050`` -> ``Switch(0.5, 0, 1050)``; ``switch0.5->0@600``
-    * ``twostep600->0`` -> ``TwoStep(0.5, 0, 600, 450)``; ``twostep600+300->0``;
-      ``twostep0.8->0@600+300``
-    * ``pw(0:0.5,100:0.6,300:0.4,400:0.5)`` -> ``Piecewise(...)`` (also ``piecewise(...)``)
+def schedule_context(total_steps: int) -> dict[str, int]:
+    """Defaults that a spec takes from the run's length (``linear<a>-><b>`` ends at ``total_steps``)."""
+    return {"t1": as_step("total_steps", total_steps, minimum=1)}
 
-    For every schedule ``x``, ``parse_schedule(x.spec) == x``.  Unknown or
-    inconsistent specs raise ``ValueError`` listing the accepted forms.
-    """
-    s = _normalize(spec, "schedule spec")
-    total_steps = _as_step("total_steps", total_steps, minimum=1)
-    try:
-        sched = _build_schedule(s, total_steps)
-    except ValueError as err:
-        raise _schedule_error(spec, str(err)) from None
-    if sched is None:
-        raise _schedule_error(spec)
-    return sched
+
+def format_schedule(sched: Schedule, total_steps: int | None = None) -> str:
+    """Spec of ``sched``; with ``total_steps``, the shortest one that parses back under that length."""
+    return SCHEDULES.format(sched, **({} if total_steps is None else schedule_context(total_steps)))
 
 
 def as_schedule(obj: Schedule | str | float, total_steps: int = DEFAULT_TOTAL_STEPS) -> Schedule:
     """Schedule from a :class:`Schedule` (returned as is), a spec string, or a number (constant)."""
-    if isinstance(obj, Schedule):
-        return obj
-    if isinstance(obj, str):
-        return parse_schedule(obj, total_steps)
-    if _is_real(obj):
+    if isinstance(obj, (Schedule, str)):
+        return obj if isinstance(obj, Schedule) else parse_schedule(obj, total_steps)
+    if isinstance(obj, numbers.Real) and not isinstance(obj, bool):
         return Constant(obj)
     raise TypeError(f"expected a Schedule, a spec string or a number, got {type(obj).__name__}")

@@ -12,6 +12,7 @@ from circuitfade.model.priors import PRIORS, AttentionPrior, PriorInputs, build_
 from circuitfade.model.transformer import (
     CONFIG_FILE,
     GATE_MODES,
+    LARGE_OVERRIDES,
     WEIGHTS_FILE,
     SoftPriorAttention,
     SoftPriorBlock,
@@ -20,7 +21,7 @@ from circuitfade.model.transformer import (
 )
 
 __all__ = [
-    "SoftPriorConfig", "SoftPriorTransformer", "SoftPriorAttention", "SoftPriorBlock", "GATE_MODES",
+    "SoftPriorConfig", "SoftPriorTransformer", "SoftPriorAttention", "SoftPriorBlock", "GATE_MODES", "LARGE_OVERRIDES",
     "CONFIG_FILE", "WEIGHTS_FILE", "PRIORS", "AttentionPrior", "PriorInputs", "build_prior", "register_prior",
     "DEVICES", "resolve_device",
 ]

@@ -47,6 +47,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
 
 import torch
@@ -63,9 +64,11 @@ from circuitfade import __version__
 from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read_json, save_tensors, write_json
 from circuitfade.model.priors import PRIORS, PriorInputs, build_prior
 
-__all__ = ["SoftPriorConfig", "SoftPriorTransformer", "GATE_MODES"]
+__all__ = ["SoftPriorConfig", "SoftPriorTransformer", "GATE_MODES", "LARGE_OVERRIDES"]
 
 GATE_MODES = ("learned", "fixed", "scheduled")
+LARGE_OVERRIDES = MappingProxyType({"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4})
+"""The paper's larger model as overrides of the base config (the JSON form a run config's ``model`` takes)."""
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 _SUPPORTED_POS = ("none", "standard", "rotary", "shortformer")
@@ -110,6 +113,15 @@ class SoftPriorConfig(HookedTransformerConfig):
     input_mode: str = "tokens"
 
     def __post_init__(self):
+        for name in ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "content_rank"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if isinstance(self.dtype, str):
+            self.dtype = _dtype(self.dtype)
+        if isinstance(self.gate_init, bool) or not isinstance(self.gate_init, (int, float)) \
+                or not 0.0 <= float(self.gate_init) <= 1.0:
+            raise ValueError(f"gate_init must be a number in [0, 1], got {self.gate_init!r}")
         if self.input_mode not in ("tokens", "real"):
             raise ValueError(f"input_mode must be 'tokens' or 'real', got {self.input_mode!r}")
         if self.positional_embedding_type not in _SUPPORTED_POS:
@@ -129,10 +141,6 @@ class SoftPriorConfig(HookedTransformerConfig):
                 raise ValueError(f"gate_modes names prior {p!r}, which is not in priors {self.priors}")
             if m not in GATE_MODES:
                 raise ValueError(f"gate mode for {p!r} must be one of {GATE_MODES}, got {m!r}")
-        if not 0.0 <= float(self.gate_init) <= 1.0:
-            raise ValueError(f"gate_init must be in [0, 1], got {self.gate_init}")
-        if self.content_rank < 1:
-            raise ValueError(f"content_rank must be >= 1, got {self.content_rank}")
         super().__post_init__()
 
     def gate_mode(self, prior: str) -> str:
@@ -149,10 +157,8 @@ class SoftPriorConfig(HookedTransformerConfig):
 
     @classmethod
     def large(cls, **overrides) -> "SoftPriorConfig":
-        """The paper's larger model (L=4, d=128, 4 heads of 32)."""
-        kw = dict(n_layers=4, d_model=128, d_head=32, n_heads=4)
-        kw.update(overrides)
-        return cls(**kw)
+        """The paper's larger model (L=4, d=128, 4 heads of 32): :data:`LARGE_OVERRIDES`."""
+        return cls(**{**LARGE_OVERRIDES, **overrides})
 
     # -- serialisation -------------------------------------------------------------
     def to_json_dict(self) -> dict:
@@ -182,12 +188,31 @@ class SoftPriorConfig(HookedTransformerConfig):
         if unknown:
             raise CheckpointError(f"{source}: unknown config fields {unknown} (written by a newer version?)")
         d = dict(d)
-        if isinstance(d.get("dtype"), str):
-            d["dtype"] = getattr(torch, d["dtype"])
         try:
             return cls(**d)
         except (TypeError, ValueError, AssertionError) as e:
             raise CheckpointError(f"{source}: invalid config: {e}") from None
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"dtype: unknown torch dtype {name!r} (e.g. 'float32', 'float64', 'bfloat16')")
+    return dt
+
+
+def check_gate_value(name: str, value) -> Tensor:
+    """``value`` as a float tensor, or ``ValueError`` naming gate ``name`` unless every entry is in [0, 1]."""
+    if isinstance(value, (str, bytes)) or (isinstance(value, (list, tuple)) and any(
+            isinstance(v, (str, bytes)) for v in value)):
+        raise ValueError(f"gate {name!r}: expected a number or an array of numbers in [0, 1], got {value!r}")
+    try:
+        t = torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"gate {name!r}: expected a number or an array of numbers in [0, 1], got {value!r} ({e})") from None
+    if not bool(torch.isfinite(t).all()) or bool((t < 0).any()) or bool((t > 1).any()):
+        raise ValueError(f"gate {name!r}: values must be finite and in [0, 1], got {value!r}")
+    return t
 
 
 def _as_gate_tensor(value, n_layers: int, n_heads: int, layer: int) -> Tensor:
@@ -561,6 +586,12 @@ class SoftPriorTransformer(HookedTransformer):
         if bad:
             raise ValueError(f"unknown gate(s) {bad}; this model's priors are {list(self.cfg.priors)}")
 
+    def _gate_args(self, pos, content, others) -> dict:
+        """``{prior: value}`` of the given gates, checked (known prior, finite, in [0, 1])."""
+        values = {k: v for k, v in dict(pos=pos, content=content, **others).items() if v is not None}
+        self._check_prior_names(values)
+        return {k: check_gate_value(k, v) for k, v in values.items()}
+
     @contextlib.contextmanager
     def gates(self, pos=None, content=None, **others) -> Iterator["SoftPriorTransformer"]:
         """Override gates inside a ``with`` block: ``with model.gates(pos=0.0): ...``.
@@ -569,8 +600,7 @@ class SoftPriorTransformer(HookedTransformer):
         ``None`` leaves that gate alone. Previous overrides are restored on exit,
         also after an exception.
         """
-        values = {k: v for k, v in dict(pos=pos, content=content, **others).items() if v is not None}
-        self._check_prior_names(values)
+        values = self._gate_args(pos, content, others)
         saved = [dict(a._gate_override) for a in self.attn_layers]
         try:
             for layer, attn in enumerate(self.attn_layers):
@@ -584,8 +614,7 @@ class SoftPriorTransformer(HookedTransformer):
 
     def gate_hooks(self, pos=None, content=None, **others) -> list[tuple[str, Callable]]:
         """Forward hooks on ``hook_gate_*`` equivalent to :meth:`gates` (for ``run_with_hooks``)."""
-        values = {k: v for k, v in dict(pos=pos, content=content, **others).items() if v is not None}
-        self._check_prior_names(values)
+        values = self._gate_args(pos, content, others)
         hooks = []
         for layer in range(self.cfg.n_layers):
             for name, v in values.items():
@@ -599,8 +628,7 @@ class SoftPriorTransformer(HookedTransformer):
 
     def set_gate_values(self, pos=None, content=None, **others) -> None:
         """Set the buffers of fixed/scheduled gates (what the trainer does each step)."""
-        values = {k: v for k, v in dict(pos=pos, content=content, **others).items() if v is not None}
-        self._check_prior_names(values)
+        values = self._gate_args(pos, content, others)
         with torch.no_grad():
             for layer, attn in enumerate(self.attn_layers):
                 for name, v in values.items():

@@ -14,7 +14,9 @@ for, so iterating holds one model in memory at a time::
         ...
     df = trace(series, {"loss": loss_fn, "prev": prev_token_scores}, task)
 
-Source kinds :func:`attach` accepts (dispatched in this order):
+Source kinds :func:`attach` accepts (dispatched in this order, each to its own
+constructor: :func:`from_run`, :func:`from_hf`, :func:`from_state_dicts`,
+:func:`from_models`):
 
 1. a **circuitfade run directory** (``config.json`` with the run keys and a
    ``checkpoints/`` folder; :func:`open_run`);
@@ -53,7 +55,7 @@ from __future__ import annotations
 from .hf import SUPPORTED_HF_ARCHITECTURES, load_hf_local
 from .runs import is_run_dir, open_run
 from .series import CheckpointSeries, Snapshot
-from .sources import WEIGHT_SUFFIXES, attach
+from .sources import WEIGHT_SUFFIXES, attach, from_hf, from_models, from_run, from_state_dicts
 from .tracing import TRACE_COLUMNS, MetricOutput, NoGates, NoGatesError, PerHead, trace
 
 __all__ = [
@@ -64,6 +66,10 @@ __all__ = [
     "open_run",
     "is_run_dir",
     "attach",
+    "from_run",
+    "from_hf",
+    "from_state_dicts",
+    "from_models",
     "load_hf_local",
     "SUPPORTED_HF_ARCHITECTURES",
     "WEIGHT_SUFFIXES",

@@ -63,6 +63,7 @@ __all__ = [
     "check_integrity",
     "INTEGRITY_COLUMNS",
     "warn_skipped",
+    "sound_revisions",
 ]
 
 PYTHIA_STEPS: tuple[int, ...] = (0,) + tuple(2**k for k in range(10)) + tuple(range(1000, 143_001, 1000))
@@ -537,3 +538,18 @@ def warn_skipped(report: pd.DataFrame, what: str = "revisions") -> list[int]:
         listing = "; ".join(f"step {s} ({src}): {st}" for s, src, st in zip(bad["step"], bad["source"], bad["status"]))
         warnings.warn(f"skipping {len(bad)} {what}: {listing}", UserWarning, stacklevel=3)
     return [int(s) for s in bad["step"]]
+
+
+def sound_revisions(series: CheckpointSeries, *, load: bool = False) -> tuple[CheckpointSeries, pd.DataFrame]:
+    """``(the revisions of series that pass check_integrity, the report)``.
+
+    Duplicate and unreadable revisions (see :func:`check_integrity`) are left out, with one
+    ``UserWarning`` listing them; ``ValueError`` if none is left.
+    """
+    report = check_integrity(series, load=load)
+    bad = set(warn_skipped(report))
+    keep = [s for s in series.steps if s not in bad]
+    if not keep:
+        raise ValueError(f"no revision of {series.source} passed the integrity check: {report.to_dict('records')}")
+    return series.select(keep), report
+

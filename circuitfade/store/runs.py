@@ -7,9 +7,10 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
-from circuitfade.io import CheckpointError, read_json
+from circuitfade.io import CheckpointError, check_header, read_json
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.train.loop import CKPT_DIR, RunConfig
 
@@ -72,6 +73,8 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
 
     Each model is rebuilt from ``config.json`` (``RunConfig.model_config()``) and its
     weights loaded with ``SoftPriorTransformer.load_weights`` (checked keys/shapes).
+    Every weight file's header (tensor names and shapes) is checked when the run is
+    opened, so a truncated or foreign checkpoint fails here, naming the file.
     Metadata: ``run`` (directory name), ``run_dir`` (absolute path), ``path`` (gate
     path name), ``seed``, ``task`` (task name); ``series.task`` is the run's task and
     ``series.gate_path`` its gate path. Raises :class:`CheckpointError` if
@@ -93,6 +96,10 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
             f"in {CKPT_DIR}/)"
         )
     model_cfg = dataclasses.replace(cfg.model_config(), device=device or "cpu")
+    with torch.device("meta"):  # shapes only, no memory
+        expected = SoftPriorTransformer(dataclasses.replace(model_cfg, device="meta")).state_dict()
+    for f in files.values():  # every header now, so a truncated file fails here and not mid-trace
+        check_header(f, expected)
 
     def loader(file: Path) -> Callable[[], nn.Module]:
         def load() -> nn.Module:

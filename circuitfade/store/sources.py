@@ -1,5 +1,6 @@
-"""attach(): dispatch on the source kind; state-dict files and folders, in-memory models,
-step parsing and eager header validation."""
+"""attach(): one constructor per source kind (:func:`from_run`, :func:`from_hf`,
+:func:`from_state_dicts`, :func:`from_models`) and the dispatcher over them; step
+parsing and eager header validation."""
 
 from __future__ import annotations
 
@@ -13,11 +14,9 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from safetensors import safe_open
-from torch import Tensor
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read_json
+from circuitfade.io import CheckpointError, check_header, check_state_dict, load_tensors, read_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 
 from .hf import _HF_WEIGHT_FILES, _hf_config, _hf_series
@@ -31,12 +30,24 @@ WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".pt", ".pth", ".bin")
 # --------------------------------------------------------------------------------------
 # user state-dict checkpoints
 # --------------------------------------------------------------------------------------
-_INT = re.compile(r"\d+")
+_INT = re.compile(r"(?<![A-Za-z0-9.])-\d+|\d+")  # "-5" is negative only after a separator: "step_-5", not "ckpt-5"
 
 
 def _step_from_name(name: str) -> int | None:
     nums = _INT.findall(name)
     return int(nums[-1]) if nums else None
+
+
+def _check_steps(steps, what: str) -> list[int]:
+    """Integer, non-negative step labels (``ValueError`` naming the bad one)."""
+    out = []
+    for s in steps:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise ValueError(f"{what}: steps must be integers, got {s!r}")
+        if s < 0:
+            raise ValueError(f"{what}: negative step {s}; training steps are >= 0")
+        out.append(int(s))
+    return out
 
 
 def _natural_key(name: str):
@@ -56,7 +67,7 @@ def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str) -> l
                 f"steps= has {len(steps)} entries but there are {len(items)} {what}: "
                 f"{[p.name for p in items][:10]}"
             )
-        return [int(s) for s in steps]
+        return _check_steps(steps, "steps=")
     out = []
     for p in items:
         s = _step_from_name(_stem(p) if p.is_file() else p.name)
@@ -65,6 +76,8 @@ def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str) -> l
                 s = 0  # a lone checkpoint without a number is step 0
             else:
                 raise CheckpointError(f"{p}: no step number in the name; pass steps=[...] explicitly")
+        if s < 0:
+            raise CheckpointError(f"{p}: negative step {s} in the name; steps are >= 0 (pass steps=[...])")
         out.append(s)
     dup = sorted({s for s in out if out.count(s) > 1})
     if dup:
@@ -73,14 +86,32 @@ def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str) -> l
     return out
 
 
-def _as_torch_dtype(v):
+def _as_torch_dtype(v, source: str):
     if isinstance(v, str):
-        name = v.removeprefix("torch.")
-        dt = getattr(torch, name, None)
+        dt = getattr(torch, v.removeprefix("torch."), None)
         if not isinstance(dt, torch.dtype):
-            raise ValueError(f"unknown dtype {v!r}")
+            raise CheckpointError(f"{source}: field 'dtype': unknown torch dtype {v!r} (e.g. 'float32')")
         return dt
     return v
+
+
+def _required_fields(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)
+            if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+_INT_FIELDS = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "d_mlp", "d_vocab_out")
+
+
+def _check_fields(d: Mapping, source: str) -> None:
+    """Missing required fields and wrongly typed integer fields, named with the file."""
+    missing = [k for k in (*_required_fields(HookedTransformerConfig), "d_vocab") if k not in d]
+    if missing:
+        raise CheckpointError(f"{source}: missing field(s) {missing} (HookedTransformerConfig needs them)")
+    for k in _INT_FIELDS:
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise CheckpointError(f"{source}: field {k!r} must be an integer, got {v!r}")
 
 
 def _build_config(config, source: str) -> HookedTransformerConfig:
@@ -103,9 +134,10 @@ def _build_config(config, source: str) -> HookedTransformerConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise CheckpointError(f"{source}: unknown HookedTransformerConfig fields {unknown}")
+        _check_fields(d, source)
+        if "dtype" in d:
+            d["dtype"] = _as_torch_dtype(d["dtype"], source)
         try:
-            if "dtype" in d:
-                d["dtype"] = _as_torch_dtype(d["dtype"])
             return HookedTransformerConfig(**d)
         except (TypeError, ValueError, AssertionError) as e:
             raise CheckpointError(f"{source}: invalid HookedTransformerConfig: {e}") from None
@@ -132,41 +164,11 @@ def _new_model(cfg: HookedTransformerConfig, device: str = "cpu", *, shapes_only
         return HookedTransformer(cfg, move_to_device=False)
 
 
-def _peek_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the tensors in a weights file, without reading tensor data."""
-    suffix = path.suffix.lower()
-    if suffix == ".safetensors":
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        except Exception as e:  # SafetensorError, OSError
-            raise CheckpointError(f"{path}: not a readable safetensors file (truncated or foreign?): {e}") from None
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as e:
-        if "mmap" not in str(e):
-            raise CheckpointError(f"{path}: not a readable checkpoint (truncated or foreign file?): {e}") from None
-        obj = load_tensors(path)  # legacy (non-zip) torch.save format: read it in full
-    except Exception as e:  # UnpicklingError for pickled code, EOFError, OSError, ...
-        raise CheckpointError(f"{path}: refused to load (not a plain weights file): {e}") from None
-    if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
-        obj = obj["state_dict"]
-    if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise CheckpointError(f"{path}: expected a mapping of parameter names to tensors")
-    return {k: tuple(v.shape) for k, v in obj.items()}
-
-
-class _Shape:  # check_state_dict only reads ``.shape``
-    def __init__(self, shape):
-        self.shape = torch.Size(shape)
-
-
 def _file_series(files: list[Path], steps: list[int], config, device, metadata, source: str) -> CheckpointSeries:
     cfg = _build_config(config, "config")
     expected = _new_model(cfg, shapes_only=True).state_dict()
-    shapes = {k: _Shape(v.shape) for k, v in expected.items()}
     for f in files:  # eager, header-only validation
-        check_state_dict({k: _Shape(s) for k, s in _peek_shapes(f).items()}, shapes, str(f))
+        check_header(f, expected)
 
     def loader(file: Path) -> Callable[[], nn.Module]:
         def load() -> nn.Module:
@@ -188,7 +190,7 @@ def _weight_files(folder: Path, pattern: str | None) -> list[Path]:
 
 
 # --------------------------------------------------------------------------------------
-# attach: dispatch on the source kind
+# one constructor per source kind; attach() dispatches to them
 # --------------------------------------------------------------------------------------
 _ACCEPTED = (
     "a circuitfade run directory; a local Hugging Face model directory; a folder of Hugging Face "
@@ -202,13 +204,158 @@ def _is_pathlike(x) -> bool:
     return isinstance(x, (str, Path))
 
 
-def _models_series(models: list[nn.Module], steps: list[int], device, metadata) -> CheckpointSeries:
+def _folder_meta(folder: Path, metadata: Mapping | None) -> dict:
+    """Default metadata of a source on disk (``run``: folder name, ``run_dir``), overridden by ``metadata``."""
+    folder = folder.resolve()
+    return {"run": folder.name, "run_dir": str(folder), **dict(metadata or {})}
+
+
+def _step_items(source: Mapping) -> list[tuple[int, Any]]:
+    """``{step: x}`` items sorted by step; keys must be non-negative integers."""
+    keys = list(source)
+    bad = [k for k in keys if isinstance(k, bool) or not isinstance(k, numbers.Integral)]
+    if bad:
+        raise ValueError(f"a dict source needs integer step keys, got {bad[:5]!r} among {keys[:5]!r}")
+    _check_steps(keys, "dict source")
+    return sorted(((int(k), v) for k, v in source.items()), key=lambda kv: kv[0])
+
+
+def _select(series: CheckpointSeries, steps: Sequence[int] | None) -> CheckpointSeries:
+    return series.select(steps) if steps is not None else series
+
+
+def from_run(run_dir: str | Path, *, steps: Sequence[int] | None = None, metadata: Mapping | None = None,
+             device: str | None = None) -> CheckpointSeries:
+    """A circuitfade run directory (:func:`open_run`); ``steps`` selects a subset."""
+    series = open_run(run_dir, device=device)
+    series.metadata.update(metadata or {})
+    return _select(series, steps)
+
+
+def from_models(models, *, steps: Sequence[int] | None = None, metadata: Mapping | None = None,
+                device: str | None = None) -> CheckpointSeries:
+    """In-memory models: one, a list/tuple (steps ``0..n-1`` unless ``steps=``) or a dict ``{step: model}``.
+
+    Models are moved (in place, ``nn.Module.to``) only if ``device`` is given.
+    """
+    if isinstance(models, nn.Module):
+        models = [models]
+    own_steps = isinstance(models, Mapping)
+    if own_steps:
+        items = _step_items(models)
+        labels, models = [k for k, _ in items], [m for _, m in items]
+    else:
+        models = list(models)
+        labels = list(range(len(models))) if steps is None else _check_steps(steps, "steps=")
+        if len(labels) != len(models):
+            raise ValueError(f"steps= has {len(labels)} entries for {len(models)} models")
+    if not models or not all(isinstance(m, nn.Module) for m in models):
+        raise ValueError("from_models needs one or more nn.Module models")
+
     def loader(m: nn.Module) -> Callable[[], nn.Module]:
         return lambda: m.to(device) if device is not None else m
 
     snaps = [Snapshot(s, loader(m), f"in-memory {type(m).__name__} #{i}")
-             for i, (m, s) in enumerate(zip(models, steps))]
-    return CheckpointSeries(snaps, metadata, source=f"{len(models)} in-memory models")
+             for i, (m, s) in enumerate(zip(models, labels))]
+    series = CheckpointSeries(snaps, dict(metadata or {}), source=f"{len(models)} in-memory models")
+    return _select(series, steps) if own_steps else series
+
+
+def from_state_dicts(files, *, config=None, steps: Sequence[int] | None = None, pattern: str | None = None,
+                     metadata: Mapping | None = None, device: str | None = None) -> CheckpointSeries:
+    """State-dict files of a ``HookedTransformer`` / ``SoftPriorTransformer``: a folder of them
+    (``pattern`` filters), one file, a list of files, or a dict ``{step: file}``.
+
+    ``config`` (default: ``config.json`` next to the files) is a
+    ``HookedTransformerConfig``, a dict of its fields or a JSON file of them. Every
+    file's header is checked against it now.
+    """
+    own_steps = isinstance(files, Mapping)
+    if own_steps:
+        items = _step_items(files)
+        if not items or not all(_is_pathlike(v) for _, v in items):
+            raise ValueError(f"a dict source maps steps to models or to files; accepted sources: {_ACCEPTED}")
+        paths, labels = [Path(v) for _, v in items], [k for k, _ in items]
+        _check_files_exist(paths)
+        folder = paths[0].parent
+    elif _is_pathlike(files) and Path(files).is_dir():
+        folder = Path(files)
+        paths = _weight_files(folder, pattern)
+        if not paths:
+            raise CheckpointError(f"{folder}: no state-dict files{f' matching {pattern!r}' if pattern else ''} "
+                                  f"(expected {', '.join(WEIGHT_SUFFIXES)})")
+        labels = _label_steps(paths, steps, "files")
+    else:
+        paths = [Path(files)] if _is_pathlike(files) else [Path(p) for p in files]
+        if not paths:
+            raise ValueError("empty list of checkpoints")
+        _check_files_exist(paths)
+        labels = _label_steps(paths, steps, "files")
+        folder = paths[0].parent
+    cfg = config if config is not None else _sibling_config(folder)
+    source = str(paths[0]) if _is_pathlike(files) and not Path(files).is_dir() else str(folder)
+    series = _file_series(paths, labels, cfg, device, _folder_meta(folder, metadata), source)
+    return _select(series, steps) if own_steps else series
+
+
+def from_hf(folder: str | Path, *, steps: Sequence[int] | None = None, pattern: str | None = None,
+            metadata: Mapping | None = None, device: str | None = None) -> CheckpointSeries:
+    """A local Hugging Face model directory, or a folder of them (one per revision; ``pattern`` filters)."""
+    path = Path(folder)
+    if _hf_config(path) is not None and any((path / w).is_file() for w in _HF_WEIGHT_FILES):
+        dirs = [path]
+    else:
+        dirs = sorted((p for p in path.glob(pattern or "*") if p.is_dir() and not p.name.startswith(".")
+                       and _hf_config(p) is not None), key=lambda p: _natural_key(p.name))
+        if not dirs:
+            raise CheckpointError(f"{path}: no Hugging Face model directories{f' matching {pattern!r}' if pattern else ''}")
+    labels = _label_steps(dirs, steps, "model directories")
+    return _hf_series(dirs, labels, device, _folder_meta(path, metadata), str(path))
+
+
+def _kind(source, pattern: str | None) -> str:
+    """Which constructor a source goes to: "models", "files", "run", "hf" (or ValueError / CheckpointError)."""
+    if isinstance(source, nn.Module):
+        return "models"
+    if isinstance(source, Mapping):
+        vals = [v for _, v in _step_items(source)]
+        if vals and all(isinstance(v, nn.Module) for v in vals):
+            return "models"
+        if vals and all(_is_pathlike(v) for v in vals):
+            return "files"
+        raise ValueError(f"a dict source maps steps to models or to files; accepted sources: {_ACCEPTED}")
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError("empty list of checkpoints")
+        if all(isinstance(m, nn.Module) for m in source):
+            return "models"
+        if all(_is_pathlike(p) for p in source):
+            return "files"
+        raise ValueError(f"a list source must hold only models or only file paths; accepted sources: {_ACCEPTED}")
+    if not _is_pathlike(source):
+        raise ValueError(f"cannot attach a {type(source).__name__}; accepted sources: {_ACCEPTED}")
+    path = Path(source)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory (sources are local paths, never hub ids)")
+    if path.is_file():
+        if path.suffix.lower() not in WEIGHT_SUFFIXES:
+            raise CheckpointError(f"{path}: not a checkpoint file (expected {', '.join(WEIGHT_SUFFIXES)})")
+        return "files"
+    if is_run_dir(path):
+        return "run"
+    if _hf_config(path) is not None and any((path / w).is_file() for w in _HF_WEIGHT_FILES):
+        return "hf"
+    if any(p.is_dir() and not p.name.startswith(".") and _hf_config(p) is not None for p in path.glob(pattern or "*")):
+        return "hf"
+    if _weight_files(path, pattern):
+        return "files"
+    raise CheckpointError(
+        f"{path}: no checkpoints found{f' matching {pattern!r}' if pattern else ''}; accepted sources: {_ACCEPTED}"
+    )
+
+
+_CONSTRUCTORS = {"run": from_run, "models": from_models, "files": from_state_dicts, "hf": from_hf}
+_KIND_NAMES = {"run": "a circuitfade run directory", "models": "in-memory models", "hf": "Hugging Face model directories"}
 
 
 def attach(
@@ -221,6 +368,9 @@ def attach(
     device: str | None = None,
 ) -> CheckpointSeries:
     """A :class:`CheckpointSeries` over any kind of checkpoints (see the module docstring).
+
+    Dispatches to one constructor per source kind: :func:`from_run`,
+    :func:`from_hf`, :func:`from_state_dicts`, :func:`from_models`.
 
     Args:
         source: a run directory, a Hugging Face model folder or folder of them, a folder
@@ -244,94 +394,15 @@ def attach(
         ValueError: an unknown source kind (message lists the accepted kinds), or
             inconsistent arguments.
     """
-    meta = dict(metadata or {})
-
-    def done(series: CheckpointSeries, own_steps: bool) -> CheckpointSeries:
-        if own_steps and steps is not None:
-            series = series.select(steps)
-        return series
-
-    def no_config(kind: str):
-        if config is not None:
-            raise ValueError(f"config= applies to state-dict files only, not to {kind}")
-
-    # -- in-memory models ----------------------------------------------------------------
-    if isinstance(source, nn.Module):
-        source = [source]
-    if isinstance(source, Mapping):
-        items = sorted(source.items(), key=lambda kv: kv[0])
-        keys = [k for k, _ in items]
-        if not all(isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in keys):
-            raise ValueError(f"a dict source needs integer step keys, got {keys[:5]}")
-        vals = [v for _, v in items]
-        if vals and all(isinstance(v, nn.Module) for v in vals):
-            no_config("in-memory models")
-            return done(_models_series(vals, keys, device, meta), True)
-        if vals and all(_is_pathlike(v) for v in vals):
-            files = [Path(v) for v in vals]
-            _check_files_exist(files)
-            cfg = config if config is not None else _sibling_config(files[0].parent)
-            src = str(files[0].parent)
-            meta = {"run": files[0].parent.resolve().name, "run_dir": str(files[0].parent.resolve()), **meta}
-            return done(_file_series(files, [int(k) for k in keys], cfg, device, meta, src), True)
-        raise ValueError(f"a dict source maps steps to models or to files; accepted sources: {_ACCEPTED}")
-    if isinstance(source, (list, tuple)):
-        if not source:
-            raise ValueError("empty list of checkpoints")
-        if all(isinstance(m, nn.Module) for m in source):
-            no_config("in-memory models")
-            labels = list(range(len(source))) if steps is None else [int(s) for s in steps]
-            if len(labels) != len(source):
-                raise ValueError(f"steps= has {len(labels)} entries for {len(source)} models")
-            return _models_series(list(source), labels, device, meta)
-        if all(_is_pathlike(p) for p in source):
-            files = [Path(p) for p in source]
-            _check_files_exist(files)
-            labels = _label_steps(files, steps, "files")
-            cfg = config if config is not None else _sibling_config(files[0].parent)
-            meta = {"run": files[0].parent.resolve().name, "run_dir": str(files[0].parent.resolve()), **meta}
-            return _file_series(files, labels, cfg, device, meta, str(files[0].parent))
-        raise ValueError(f"a list source must hold only models or only file paths; accepted sources: {_ACCEPTED}")
-    if not _is_pathlike(source):
-        raise ValueError(f"cannot attach a {type(source).__name__}; accepted sources: {_ACCEPTED}")
-
-    # -- paths --------------------------------------------------------------------------
-    path = Path(source)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file or directory (sources are local paths, never hub ids)")
-    base_meta = {"run": path.resolve().name if path.is_dir() else path.resolve().parent.name,
-                 "run_dir": str(path.resolve() if path.is_dir() else path.resolve().parent)}
-    if path.is_file():
-        if path.suffix.lower() not in WEIGHT_SUFFIXES:
-            raise CheckpointError(f"{path}: not a checkpoint file (expected {', '.join(WEIGHT_SUFFIXES)})")
-        labels = _label_steps([path], steps, "files")
-        cfg = config if config is not None else _sibling_config(path.parent)
-        return _file_series([path], labels, cfg, device, {**base_meta, **meta}, str(path))
-
-    if is_run_dir(path):
-        no_config("a circuitfade run directory")
-        series = open_run(path, device=device)
-        series.metadata.update(meta)
-        return done(series, True)
-    d = _hf_config(path)
-    if d is not None and any((path / w).is_file() for w in _HF_WEIGHT_FILES):
-        no_config("Hugging Face model directories")
-        labels = _label_steps([path], steps, "model directories")
-        return _hf_series([path], labels, device, {**base_meta, **meta}, str(path))
-    subdirs = sorted((p for p in path.glob(pattern or "*") if p.is_dir() and not p.name.startswith(".")
-                      and _hf_config(p) is not None), key=lambda p: _natural_key(p.name))
-    if subdirs:
-        no_config("Hugging Face model directories")
-        labels = _label_steps(subdirs, steps, "model directories")
-        return _hf_series(subdirs, labels, device, {**base_meta, **meta}, str(path))
-    files = _weight_files(path, pattern)
-    if files:
-        labels = _label_steps(files, steps, "files")
-        cfg = config if config is not None else _sibling_config(path)
-        return _file_series(files, labels, cfg, device, {**base_meta, **meta}, str(path))
-    raise CheckpointError(
-        f"{path}: no checkpoints found{f' matching {pattern!r}' if pattern else ''}; accepted sources: {_ACCEPTED}"
-    )
+    kind = _kind(source, pattern)
+    kw = dict(steps=steps, metadata=metadata, device=device)
+    if kind == "files":
+        return from_state_dicts(source, config=config, pattern=pattern, **kw)
+    if config is not None:
+        raise ValueError(f"config= applies to state-dict files only, not to {_KIND_NAMES[kind]}")
+    if kind == "hf":
+        kw["pattern"] = pattern
+    return _CONSTRUCTORS[kind](source, **kw)
 
 
 def _check_files_exist(files: list[Path]) -> None:

@@ -8,8 +8,11 @@ from circuitfade.train.loop import (
     EVAL_SEED,
     Run,
     RunConfig,
+    RunLocked,
     TrainConfig,
+    TrainingDiverged,
     branch,
+    branch_config,
     checkpoint_steps,
     clone_run,
     fit,
@@ -19,6 +22,7 @@ from circuitfade.train.loop import (
 )
 
 __all__ = [
-    "EVAL_SEED", "Run", "RunConfig", "TrainConfig", "branch", "checkpoint_steps", "clone_run", "fit",
+    "EVAL_SEED", "Run", "RunConfig", "RunLocked", "TrainConfig", "TrainingDiverged", "branch", "branch_config",
+    "checkpoint_steps", "clone_run", "fit",
     "load_checkpoint", "read_metrics", "train",
 ]

@@ -10,7 +10,11 @@ and never recomputes them. Executors:
   instance or the cluster at ``address``;
 * ``"serial"`` - in this process (debugging).
 
-A failed run is reported with its error and does not stop the others.
+A failed run is reported with its error and does not stop the others: an
+exception, a diverged run (non-finite loss, :class:`~circuitfade.train.loop.TrainingDiverged`,
+status "failed" with the step), or a worker process that died (killed, out of
+memory: status "failed", :data:`LOST_WORKER`; the runs it shared a pool with are
+retried, each in its own process, and resume from their checkpoints).
 Re-running a sweep after a crash trains only what is missing (and resumes
 half-finished runs from their last checkpoint). Runs that branch from another
 run of the same sweep (``config.parent``) wait for it: the sweep runs in waves.
@@ -20,11 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -32,7 +37,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from circuitfade.train.loop import RunConfig
+from circuitfade.train.loop import RunConfig, branch_config
 
 __all__ = ["run_key", "run_dir_for", "child_of", "execute", "run_sweep", "EXECUTORS"]
 
@@ -59,22 +64,17 @@ def run_dir_for(root: str | Path, cfg: RunConfig) -> Path:
     return Path(root) / run_key(cfg)
 
 
-def child_of(root: str | Path, parent: RunConfig, step: int, *, path: str, steps: int | None = None) -> RunConfig:
-    """Config of a branch from ``parent`` (trained in the same sweep root) at ``step``."""
-    model = {k: v for k, v in parent.model.items() if k not in ("gate_modes", "gate_init")}
-    tc = replace(parent.train, steps=steps if steps is not None else parent.train.steps)
-    return RunConfig(path=path, task=parent.task, model=model, train=tc, seed=parent.seed, mix=parent.mix,
-                     parent={"run": str(run_dir_for(root, parent).resolve()), "step": int(step)})
+def child_of(root: str | Path, parent: RunConfig, step: int, *, path: str, steps: int | None = None,
+             **train_overrides) -> RunConfig:
+    """Config of a branch from ``parent`` (trained in the same sweep root) at ``step``
+    (:func:`circuitfade.train.loop.branch_config` with the parent's sweep directory)."""
+    return branch_config(parent, run_dir_for(root, parent), step, path=path, steps=steps, **train_overrides)
 
 
 def execute(config: dict, run_dir: str) -> dict:
-    """Worker: train one run (one torch thread) and report; never raises."""
-    import torch
-
+    """Worker: train one run (``train`` computes with one torch thread) and report; never raises."""
     from circuitfade.train.loop import train
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     t0 = time.time()
     try:
         cfg = RunConfig.from_dict(config)
@@ -85,8 +85,6 @@ def execute(config: dict, run_dir: str) -> dict:
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         return {"status": "failed", "error": f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}",
                 "seconds": time.time() - t0}
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _waves(items: list[tuple[RunConfig, Path]]) -> list[list[tuple[RunConfig, Path]]]:
@@ -160,17 +158,7 @@ def _make_submitter(executor: str, workers: int, address: str | None):
         return serial
 
     if executor == "local":
-        def local(jobs):
-            if not jobs:
-                return
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
-                futs = {pool.submit(execute, cfg, d): d for cfg, d in jobs}
-                pending = set(futs)
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in done:
-                        yield futs[f], f.result()
-        return local
+        return lambda jobs: _local_pool(jobs, workers)
 
     try:
         import ray
@@ -192,6 +180,52 @@ def _make_submitter(executor: str, workers: int, address: str | None):
                 yield refs[r], ray.get(r)
 
     return ray_submit
+
+
+LOST_WORKER = "worker process died (killed by a signal, e.g. out of memory) while training this run"
+
+
+def _local_pool(jobs, workers: int):
+    """Run ``jobs`` in a spawned process pool, surviving workers that die.
+
+    A dead worker breaks the whole pool (every unfinished future raises
+    ``BrokenProcessPool``), and it cannot tell which run was at fault. So the runs
+    it took down are retried, each in a pool of its own (``workers`` at a time): a
+    run whose own worker dies is reported failed (:data:`LOST_WORKER`), the others
+    resume from their last checkpoint and finish.
+    """
+    if not jobs:
+        return
+    ctx = get_context("spawn")
+    broken = []
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        futs = {pool.submit(execute, cfg, d): (cfg, d) for cfg, d in jobs}
+        pending = set(futs)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                try:
+                    res = f.result()
+                except BrokenProcessPool:
+                    broken.append(futs[f])
+                    continue
+                yield futs[f][1], res
+    # isolation: one single-worker pool per run, so a death is that run's
+    queue, running = list(broken), {}
+    while queue or running:
+        while queue and len(running) < workers:
+            cfg, d = queue.pop(0)
+            p = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+            running[p.submit(execute, cfg, d)] = (p, d)
+        done, _ = wait(set(running), return_when=FIRST_COMPLETED)
+        for f in done:
+            p, d = running.pop(f)
+            try:
+                res = f.result()
+            except BrokenProcessPool:
+                res = {"status": "failed", "error": LOST_WORKER, "seconds": math.nan}
+            p.shutdown(wait=True)
+            yield d, res
 
 
 def summarize(results: pd.DataFrame, by: Sequence[str] = ("path",), metrics: Sequence[str] = ("acc_zero", "acc_normal")) -> pd.DataFrame:

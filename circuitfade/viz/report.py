@@ -44,7 +44,7 @@ from circuitfade.analysis import (
     timeline_long,
 )
 from circuitfade.gating.evaluation import has_gates
-from circuitfade.io import atomic_write
+from circuitfade.io import atomic_write, check_outputs, default_output_dir
 from circuitfade.store import CheckpointSeries, attach, trace
 from circuitfade.tasks import Batch, Task, eval_set, make_task
 from circuitfade.train.loop import EVAL_SEED, read_metrics
@@ -241,10 +241,9 @@ def report_html(result: Mapping, *, title: str = "circuitfade analysis") -> str:
 
 
 def default_report_path(source: str | Path) -> Path:
-    """Where ``circuitfade analyze SOURCE`` writes without ``--out``: ``SOURCE/analysis.html``
-    for a directory, ``<file stem>.analysis.html`` next to a file."""
-    p = Path(source)
-    return p / "analysis.html" if p.is_dir() else p.with_name(p.stem + ".analysis.html")
+    """Where ``circuitfade analyze SOURCE`` writes without ``--out``:
+    ``reports/<SOURCE name>-analysis/analysis.html`` (never inside the source)."""
+    return default_output_dir(source, "analysis") / "analysis.html"
 
 
 def build_parser(prog: str = "circuitfade analyze") -> argparse.ArgumentParser:
@@ -255,7 +254,9 @@ def build_parser(prog: str = "circuitfade analyze") -> argparse.ArgumentParser:
     )
     ap.add_argument("run_dir", metavar="RUN_DIR",
                     help="a circuitfade run directory (or a folder/file of checkpoints that attach() accepts)")
-    ap.add_argument("--out", metavar="FILE", help="HTML report path (default RUN_DIR/analysis.html)")
+    ap.add_argument("--out", metavar="FILE",
+                    help="HTML report path (default reports/<RUN_DIR name>-analysis/analysis.html)")
+    ap.add_argument("--force", action="store_true", help="replace the report if it exists")
     ap.add_argument("--n", type=int, default=256, help="evaluation examples (default 256)")
     ap.add_argument("--every", type=int, metavar="STEPS", help="analyse only every STEPS steps (last always kept)")
     ap.add_argument("--task", metavar="NAME", help="task for sources that are not circuitfade runs (e.g. assoc)")
@@ -269,9 +270,10 @@ def analyze_main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     t0 = time.time()
     try:
+        out = Path(ns.out) if ns.out else default_report_path(ns.run_dir)
+        check_outputs([out], force=ns.force)  # before any tracing
         source = attach(ns.run_dir, config=ns.config) if ns.config else ns.run_dir
         task = make_task(ns.task) if ns.task else None
-        out = Path(ns.out) if ns.out else default_report_path(ns.run_dir)
         res = analyze(source, out, n=ns.n, every=ns.every, task=task, progress=not ns.quiet)
     except (ValueError, FileNotFoundError) as e:
         print(f"circuitfade analyze: error: {e}", file=sys.stderr)
