@@ -269,3 +269,17 @@ def test_time_steps_interleaves_rounds_and_restores_threads():
     assert set(median_ms(times)) == {"a", "b"} and torch.get_num_threads() == before
     with pytest.raises(ValueError):
         time_steps({"a": lambda: None}, steps=0)
+
+
+def test_trainer_uses_fused_adamw_and_old_checkpoints_resume_with_their_own_optimizer(tmp_path):
+    """New runs step with fused AdamW; a checkpoint written by the non-fused optimizer of the
+    previous release resumes with that implementation (its param_groups say so), so it
+    continues exactly as it started."""
+    from circuitfade.train.loop import _optimizer_from_tensors, _optimizer_to_tensors, new_run
+
+    run = new_run(RunConfig(train=TrainConfig(steps=2)))
+    assert run.optimizer.param_groups[0]["fused"] is True
+    old = torch.optim.AdamW(list(run.model.parameters()), lr=1e-3, weight_decay=0.01)  # previous release's
+    tensors, meta = _optimizer_to_tensors(old)
+    _optimizer_from_tensors(run.optimizer, tensors, meta)
+    assert run.optimizer.param_groups[0]["fused"] is None
