@@ -4,8 +4,10 @@ Checks the baseline commit out with ``git worktree add`` (a temporary directory,
 removed at the end), then trains the same run with each tree as a whole process
 (``python -m circuitfade train``: one torch thread, evaluations and checkpoints
 included), alternating the order pair by pair (AB, BA, AB, ...) so drifting machine
-load hits both alike. Reports every run's wall time, peak resident memory (the
-child's own ``ru_maxrss`` from ``os.wait4``) and final metrics, then the median
+load hits both alike, after one untimed 2-step warm-up run per tree (a fresh
+checkout's first run would otherwise also pay for byte-compiling it). Reports
+every run's wall time, peak resident memory (the child's own ``ru_maxrss`` from
+``os.wait4``) and final metrics, then the median
 wall times, the ratio baseline / this code (> 1: this code is faster), the
 implied runs per hour, and the median peak memory.
 
@@ -66,6 +68,11 @@ def main(argv=None) -> dict:
         try:
             trees = {"baseline": base, "current": REPO}
             results: dict[str, list[dict]] = {"baseline": [], "current": []}
+            # untimed warm-up of each tree: byte-compiles the fresh checkout and warms the file cache,
+            # which would otherwise land on the first timed run only
+            warm = argparse.Namespace(**{**vars(args), "steps": 2})
+            for name, tree in trees.items():
+                run_once(tree, tmp / f"warmup-{name}", warm)
             for i in range(args.pairs):
                 order = ["baseline", "current"] if i % 2 == 0 else ["current", "baseline"]
                 for name in order:
