@@ -2,8 +2,13 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# second environment: TransformerLens 4.3, analysis only (README: "TransformerLens 4")
+VENV_TL4 ?= .venv-tl4
+PY_TL4 := $(VENV_TL4)/bin/python
+STAMP_TL4 := $(VENV_TL4)/.installed
+TL4_TESTS := tests/tl4 tests/test_layering.py tests/test_paths.py tests/test_schedules.py tests/test_tasks.py
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast test-tl4 bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -13,11 +18,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+$(STAMP_TL4): pyproject.toml requirements-tl4.txt
+	python3 -m venv $(VENV_TL4)
+	$(PY_TL4) -m pip install -q --upgrade pip
+	$(PY_TL4) -m pip install -q torch==2.13.0
+	$(PY_TL4) -m pip install -q -r requirements-tl4.txt 'transformer-lens==4.3.0' 'pytest>=8'
+	$(PY_TL4) -m pip install -q --no-deps -e .
+	touch $(STAMP_TL4)
+
 demo: $(STAMP)
 	$(VENV)/bin/circuitfade demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the analysis-layer tests (tests/tl4 and the model-free suites) under TransformerLens 4.3
+test-tl4: $(STAMP_TL4)
+	$(PY_TL4) -m pytest -q $(TL4_TESTS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
@@ -26,4 +43,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/train_step.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VENV_TL4) runs

@@ -2,6 +2,7 @@
 
     python assets/make_assets.py                      # train (or reuse) the two runs, copy, trace, plot
     python assets/make_assets.py --wait 2400          # wait up to 40 min for a sweep already training them
+    python assets/make_assets.py --figures-only       # only redraw assets/figures from the shipped series
 
 Two full runs on associative recall, seed 0, default ``TrainConfig`` (3,600 steps,
 a checkpoint every 300): ``unforced`` and ``fade600->0``. They are trained with
@@ -28,14 +29,14 @@ Figures (``assets/figures/``), traced from the *copies* with
 
 HTML files load plotly.js from its CDN to stay small (``--embed-plotlyjs`` embeds it,
 about 4.8 MB per file); PNG versions are written when the optional ``kaleido==0.2.1``
-(which bundles its own Chromium) is importable - it is never a package dependency.
+(``pip install 'circuitfade[figures]'``, bundles its own Chromium) works, through
+:func:`circuitfade.viz.plots.save`.
 The consolidation timeline table is printed and saved as ``consolidation_timeline.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -55,8 +56,8 @@ from circuitfade.analysis import (
 from circuitfade.viz.report import markdown_table
 from circuitfade.store import attach, trace
 from circuitfade.train.sweep import run_dir_for, run_sweep
-from circuitfade.tasks import eval_set
-from circuitfade.train.loop import CKPT_DIR, EVAL_SEED, RunConfig, TrainConfig, read_metrics
+from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, eval_set
+from circuitfade.train.loop import CKPT_DIR, RunConfig, TrainConfig, read_metrics
 
 ASSETS = Path(__file__).resolve().parent
 RUNS = {"unforced": "unforced", "fade600to0": "fade600->0"}
@@ -100,40 +101,18 @@ def copy_run(run_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def _png_exporter():
-    """A ``fig -> png bytes`` function using kaleido 0.2.1 offline, or ``None`` with the reason."""
-    try:
-        import os
-
-        import plotly
-        from kaleido.scopes.plotly import PlotlyScope
-    except ImportError as e:
-        return None, f"kaleido not importable ({e}); pip install kaleido==0.2.1 to get PNGs"
-    js = Path(os.path.dirname(plotly.__file__)) / "package_data" / "plotly.min.js"
-    try:  # plotly's own plotly.js, so kaleido never reaches for the CDN
-        scope = PlotlyScope(plotlyjs=str(js), mathjax=False)
-
-        def export(fig):
-            height = int(fig.layout.height or 450)
-            return scope.transform(json.loads(fig.to_json()), format="png", width=900, height=height, scale=1)
-
-        export(plots.go.Figure())  # fails here, not mid-way, if Chromium cannot start
-        return export, None
-    except Exception as e:  # noqa: BLE001 - PNGs are optional
-        return None, f"kaleido could not export ({type(e).__name__}: {e})"
-
-
 def write_figures(figures: dict, out: Path, *, embed: bool) -> list[str]:
+    """Each figure as ``<name>.html`` and, when an image exporter works (:func:`plots.image_exporter`), ``.png``."""
     out.mkdir(parents=True, exist_ok=True)
-    export, why = _png_exporter()
+    export, why = plots.image_exporter()
     if export is None:
-        print(f"PNG export skipped: {why}")
+        print(f"PNG export skipped: {why}; {plots.EXPORTER_HINT}")
     written = []
     for name, fig in figures.items():
-        fig.write_html(out / f"{name}.html", include_plotlyjs=True if embed else "cdn")
+        plots.save(fig, out / f"{name}.html", plotlyjs="embed" if embed else "cdn")
         written.append(f"{name}.html")
         if export is not None:
-            (out / f"{name}.png").write_bytes(export(fig))
+            plots.save(fig, out / f"{name}.png")
             written.append(f"{name}.png")
     return written
 
@@ -192,13 +171,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ASSETS), help="assets folder to write (default: this script's folder)")
     ap.add_argument("--wait", type=float, default=0.0, metavar="S",
                     help="wait up to S seconds for another process to finish the runs instead of training them")
-    ap.add_argument("--n", type=int, default=256, help="evaluation examples for tracing (default 256)")
+    ap.add_argument("--n", type=int, default=EVAL_SIZE, help=f"evaluation examples for tracing (default {EVAL_SIZE})")
     ap.add_argument("--workers", type=int, default=2, help="training processes (default 2)")
     ap.add_argument("--embed-plotlyjs", action="store_true", help="embed plotly.js in each HTML (offline, ~4.8 MB each)")
     ap.add_argument("--quick", action="store_true", help="600-step runs, for trying the script (not for shipping)")
+    ap.add_argument("--figures-only", action="store_true",
+                    help="redraw assets/figures from the series already in assets/series (no training)")
     ns = ap.parse_args(argv)
     torch.set_num_threads(1)
     t_start = time.time()
+    if ns.figures_only:
+        out = Path(ns.out)
+        res = make_figures({name: out / "series" / name for name in RUNS}, out / "figures", n=ns.n,
+                           embed=ns.embed_plotlyjs)
+        print(res["table"])
+        print(f"\nfigures: {', '.join(res['written'])} ({time.time() - t_start:.0f} s)")
+        return 0
 
     cfgs = configs(ns.quick)
     run_dirs = {name: run_dir_for(ns.root, c) for name, c in cfgs.items()}

@@ -4,6 +4,8 @@ The package is layered; each layer imports only the ones above it in this list
 (``tests/test_layering.py`` enforces it):
 
 0. ``io``                    atomic writes, pickle-free tensor files
+   ``compat``                which TransformerLens line (3.9 / 4.x) is installed; the only
+                             module outside ``model`` that names one line's classes
 1. ``model``                 SoftPriorConfig / SoftPriorTransformer, the prior registry
 2. ``tasks``, ``gating``     data; schedules, gate paths, evaluation conditions
 3. ``train``                 the trainer, run directories, sweeps

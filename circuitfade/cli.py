@@ -32,9 +32,10 @@ class UsageError(ValueError):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from concurrent.futures import BrokenExecutor  # a worker process died (killed, out of memory)
 
+    from circuitfade.compat import TLLineError  # the training line's features under TransformerLens 4
     from circuitfade.train.loop import RunLocked, TrainingDiverged
 
-    return (ValueError, OSError, RunLocked, TrainingDiverged, BrokenExecutor)
+    return (ValueError, OSError, RunLocked, TrainingDiverged, BrokenExecutor, TLLineError)
 
 
 def _one_line(e: BaseException) -> str:
@@ -63,63 +64,25 @@ def guarded(prog: str, fn, *args) -> int:
 # --------------------------------------------------------------------------------------
 # typed parsing of --task-arg and --model
 # --------------------------------------------------------------------------------------
-_NONE = ("none", "null")
-_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
-
-
 def _parse_typed(what: str, text: str, tp):
-    """``text`` as a value of type ``tp`` (int, float, bool, str, X | None, tuple[...], list[...])."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if text.lower() in _NONE and type(None) in args:
-            return None
-        for a in (a for a in args if a is not type(None)):
-            try:
-                return _parse_typed(what, text, a)
-            except UsageError:
-                continue
-        raise UsageError(f"{what}: cannot read {text!r} as {tp}")
-    if tp is bool:
-        if text.lower() not in _BOOLS:
-            raise UsageError(f"{what}: expected true or false, got {text!r}")
-        return _BOOLS[text.lower()]
-    if tp in (int, float):
-        try:
-            return tp(text)
-        except ValueError:
-            raise UsageError(f"{what}: expected {'an integer' if tp is int else 'a number'}, got {text!r}") from None
-    if tp is str:
-        return text
-    if origin in (tuple, list) or tp in (tuple, list):
-        try:
-            items = json.loads(text) if text.startswith("[") else [t for t in text.split(",") if t]
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{what}: not a JSON list ({e.msg})") from None
-        elem = args[0] if args and (len(args) == 1 or args[-1] is Ellipsis or len(set(args)) == 1) else None
-        if elem is not None:
-            items = [_parse_typed(what, str(x), elem) if isinstance(x, str) else x for x in items]
-        return (tuple if (origin or tp) is tuple else list)(items)
-    try:  # anything else (Any, dicts, unannotated): JSON, else the string
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+    """:func:`circuitfade.io.parse_typed` (the one typed-value parser), as a :class:`UsageError`."""
+    from circuitfade.io import parse_typed
+
+    try:
+        return parse_typed(what, text, tp)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _task_dict(name: str, kv: list[str] | None) -> dict:
-    """``{"name": name, **task args}``, each value parsed by its field's type in the task's config."""
-    from circuitfade.tasks import make_task
+    """``{"name": name, **task args}``, each value parsed by its field's type in the task's config
+    (:func:`circuitfade.tasks.parse_task_args`)."""
+    from circuitfade.tasks import parse_task_args
 
-    cfg = getattr(make_task(name), "config", None)  # unknown task names raise, listing the known ones
-    types = typing.get_type_hints(type(cfg)) if dataclasses.is_dataclass(cfg) else None
-    d: dict = {"name": name}
-    for item in kv or []:
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise UsageError(f"--task-arg expects KEY=VALUE, got {item!r}")
-        if types is not None and k not in types:
-            raise UsageError(f"--task-arg {k}: task {name!r} has no parameter {k!r}; its parameters: {sorted(types)}")
-        d[k] = _parse_typed(f"--task-arg {k}", v, types[k]) if types is not None else _parse_typed(k, v, typing.Any)
-    return d
+    try:
+        return parse_task_args(name, kv)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _json_object(flag: str, text: str | None) -> dict:
@@ -142,7 +105,9 @@ def _train_one(args: dict) -> dict:
     from circuitfade.train.loop import RunConfig, train
 
     cfg = RunConfig.from_dict(args["config"])
-    run = train(cfg, args["out"], progress=args.get("progress", False))
+    queue = args.get("queue")  # the demo's progress channel: (label, step) after each evaluation
+    logger = (lambda step, _m, label=args.get("label", cfg.path): queue.put((label, step))) if queue else None
+    run = train(cfg, args["out"], progress=args.get("progress", False), logger=logger)
     return {"path": cfg.path, "seed": cfg.seed, "out": args["out"], **run.metrics[-1]}
 
 
@@ -156,9 +121,51 @@ def cmd_train(ns: argparse.Namespace) -> int:
     out = ns.out or f"runs/{ns.task}/{ns.path.replace('->', 'to')}/seed{ns.seed}"
     t0 = time.time()
     res = _train_one({"config": cfg.to_dict(), "out": out, "progress": not ns.quiet})
-    print(f"{out}: step {res['step']}  acc_normal {res['acc_normal']:.3f}  acc_zero {res.get('acc_zero', float('nan')):.3f}"
-          f"  ({time.time() - t0:.0f} s)")
+    pm = cfg.make_task().primary_metric  # accuracy for token tasks, MSE for regression
+    vals = "  ".join(f"{pm.key(c)} {res.get(pm.key(c), float('nan')):.3f}" for c in ("normal", "zero"))
+    print(f"{out}: step {res['step']}  {vals}  ({time.time() - t0:.0f} s)")
     return 0
+
+
+def _run_with_progress(jobs: list[dict], totals: dict[str, int]) -> list[dict]:
+    """Train ``jobs`` in parallel processes, one progress bar per run in this process.
+
+    Each worker's trainer reports ``(label, step)`` after every evaluation through a
+    manager queue (:mod:`circuitfade.train.loggers`' ``logger=`` hook); a finished run
+    that is reused reports nothing and its bar jumps to the end.
+    """
+    import multiprocessing as mp
+    import queue as queue_mod
+    from concurrent.futures import wait
+
+    from tqdm import tqdm
+
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    with mp.Manager() as manager, ProcessPoolExecutor(max_workers=workers) as pool:
+        q = manager.Queue()
+        bars = {label: tqdm(total=n, desc=f"{label:>12}", position=i, unit="step", leave=True,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} steps [{elapsed}<{remaining}]")
+                for i, (label, n) in enumerate(totals.items())}
+        futures = [pool.submit(_train_one, {**job, "queue": q}) for job in jobs]
+
+        def drain(timeout: float) -> None:
+            try:
+                label, step = q.get(timeout=timeout)
+            except queue_mod.Empty:
+                return
+            bar = bars[label]
+            bar.update(max(0, min(step, bar.total) - bar.n))
+
+        while not all(f.done() for f in futures):
+            drain(0.5)
+        while not q.empty():
+            drain(0)
+        wait(futures)
+        results = [f.result() for f in futures]  # re-raises a worker's error
+        for bar in bars.values():
+            bar.update(bar.total - bar.n)
+            bar.close()
+    return results
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
@@ -168,13 +175,13 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     jobs = []
     for p in paths:
         cfg = RunConfig(path=p, train=TrainConfig(steps=ns.steps), seed=ns.seed)
-        jobs.append({"config": cfg.to_dict(), "out": str(Path(ns.out) / p.replace("->", "to") / f"seed{ns.seed}")})
+        jobs.append({"config": cfg.to_dict(), "label": p,
+                     "out": str(Path(ns.out) / p.replace("->", "to") / f"seed{ns.seed}")})
     print(f"circuitfade demo: training {paths} on associative recall, seed {ns.seed}, {ns.steps} steps each, "
-          f"into {ns.out}/ (finished runs are reused)")
+          f"in parallel, into {ns.out}/ (finished runs are reused)", flush=True)
     t0 = time.time()
-    workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(_train_one, jobs))
+    results = _run_with_progress(jobs, {p: ns.steps for p in paths})
+    train_s = time.time() - t0
     print()
     print("| path | normal acc (ours) | zero-gate acc (ours) | gate at end | paper zero-gate | paper normal |")
     print("|---|---|---|---|---|---|")
@@ -183,8 +190,44 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     for r in results:
         pz, pn = PAPER_T1_BASE[r["path"]]
         print(f"| {r['path']} | {r['acc_normal']:.3f} | {r['acc_zero']:.3f} | {r['gate_pos']:.2f} | {pz} | {pn} |")
-    print(f"\nwall time {time.time() - t0:.0f} s. 'normal' = gates as at the final step (0 for fade600->0, "
-          f"so normal = zero-gate there); paper numbers are mean ± sd over seeds (Table 1).")
+    print(f"\ntraining: {train_s:.0f} s. 'normal' = gates as at the final step (0 for fade600->0, "
+          f"so normal = zero-gate there); paper numbers are mean ± sd over seeds (Table 1).", flush=True)
+    if not ns.no_report:
+        import torch
+
+        from circuitfade.viz.report import analyze
+
+        fade_dir = Path(jobs[1]["out"])
+        out = Path(ns.out) / "fade600to0_report.html"
+        print(f"\ntracing {fade_dir} for the HTML report (every checkpoint, n = 256)...", flush=True)
+        torch.set_num_threads(1)
+        t1 = time.time()
+        analyze(fade_dir, out, n=256, progress=True)
+        print(f"report: {out.resolve()} ({time.time() - t1:.0f} s; open it in a browser)")
+    print(f"wall time {time.time() - t0:.0f} s")
+    return 0
+
+
+def cmd_local_series(ns: argparse.Namespace) -> int:
+    """Train the local developing series (for ``circuitfade screen``) with one torch thread and a progress bar."""
+    import torch
+
+    from circuitfade.experiments.development import LOCAL_STEPS, build_local_series, local_run_config
+
+    steps = ns.steps or LOCAL_STEPS
+    cfg = local_run_config(steps, seed=ns.seed)
+    n_ckpt = len(cfg.train.extra_checkpoints) + 1
+    print(f"circuitfade local-series: {steps} steps, seed {ns.seed}, {n_ckpt} checkpoints (step 0 and log-spaced) "
+          f"into {ns.out}/, one torch thread (measured: 59 s idle, 189 s on a loaded 2-core machine; "
+          "a finished run is reused)", flush=True)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # more threads are slower for this small model (measured: README)
+    t0 = time.time()
+    try:
+        build_local_series(ns.out, steps=steps, seed=ns.seed, progress=not ns.quiet)
+    finally:
+        torch.set_num_threads(old)
+    print(f"{ns.out}: done in {time.time() - t0:.0f} s. Next: circuitfade screen {ns.out}")
     return 0
 
 
@@ -232,7 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--steps", type=int, default=_train_default("steps"))
+    d.add_argument("--no-report", action="store_true", help="skip the HTML report of the fade run")
     d.set_defaults(func=cmd_demo)
+    ls = sub.add_parser("local-series", help="train the local developing series that `circuitfade screen` screens "
+                                             "(no download; one torch thread, progress bar)")
+    ls.add_argument("out", nargs="?", default="runs/local_series", help="run directory (default runs/local_series)")
+    ls.add_argument("--steps", type=int, help="training steps (default 3000, the measured series)")
+    ls.add_argument("--seed", type=int, default=0)
+    ls.add_argument("--quiet", action="store_true", help="no progress bar")
+    ls.set_defaults(func=cmd_local_series)
     for name, (_, _, helptext) in DELEGATED.items():
         sub.add_parser(name, help=helptext + f" (see: circuitfade {name} --help)", add_help=False)
     return ap

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import types
+import typing
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -246,3 +248,48 @@ def check_state_dict(
         problems.append("shape mismatch: " + "; ".join(shapes[:4]))
     if problems:
         raise CheckpointError(f"{source}: weights do not fit the config: " + ", ".join(problems))
+
+
+# ------------------------------------------------------------------ typed text values
+_NONE = ("none", "null")
+_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+
+
+def parse_typed(what: str, text: str, tp):
+    """User text (a CLI flag, a ``KEY=VALUE``) as a typed value; ``ValueError`` naming ``what``.
+
+    ``text`` as a value of type ``tp`` (int, float, bool, str, X | None, tuple[...], list[...])."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() in _NONE and type(None) in args:
+            return None
+        for a in (a for a in args if a is not type(None)):
+            try:
+                return parse_typed(what, text, a)
+            except ValueError:
+                continue
+        raise ValueError(f"{what}: cannot read {text!r} as {tp}")
+    if tp is bool:
+        if text.lower() not in _BOOLS:
+            raise ValueError(f"{what}: expected true or false, got {text!r}")
+        return _BOOLS[text.lower()]
+    if tp in (int, float):
+        try:
+            return tp(text)
+        except ValueError:
+            raise ValueError(f"{what}: expected {'an integer' if tp is int else 'a number'}, got {text!r}") from None
+    if tp is str:
+        return text
+    if origin in (tuple, list) or tp in (tuple, list):
+        try:
+            items = json.loads(text) if text.startswith("[") else [t for t in text.split(",") if t]
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{what}: not a JSON list ({e.msg})") from None
+        elem = args[0] if args and (len(args) == 1 or args[-1] is Ellipsis or len(set(args)) == 1) else None
+        if elem is not None:
+            items = [parse_typed(what, str(x), elem) if isinstance(x, str) else x for x in items]
+        return (tuple if (origin or tp) is tuple else list)(items)
+    try:  # anything else (Any, dicts, unannotated): JSON, else the string
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

@@ -128,7 +128,11 @@ def test_head_diagnostics_is_tidy():
     model, task = copy_circuit(), CopyTask(0)
     batch = eval_set(task, 64, seed=2)
     df = head_diagnostics(model, batch, task, ablation_gates=None)
-    assert list(df.columns) == ["layer", "head", "metric", "value"]
+    assert list(df.columns) == ["layer", "head", "metric", "value", "se", "lo", "hi", "boot"]
+    assert ((df["lo"] <= df["value"] + 1e-9) & (df["value"] <= df["hi"] + 1e-9)).all()
+    plain = head_diagnostics(model, batch, task, ablation_gates=None, resamples=0)
+    assert list(plain.columns) == ["layer", "head", "metric", "value"]
+    pd.testing.assert_series_equal(plain["value"], df["value"])
     assert set(df["metric"]) == {SUCCESSOR_MASS, ABLATION_IMPORTANCE, ABLATION_LOSS_INCREASE}
     assert len(df) == 3 * 6
     top = df[df["metric"] == SUCCESSOR_MASS].sort_values("value").iloc[-1]
@@ -237,7 +241,9 @@ def test_gate_intervention_table_on_planted_position_prior():
     model, task = planted_soft_prior(), CopyTask(src=P - 2)
     batch = eval_set(task, 256, seed=5)
     table = gate_intervention_table(model, task, batch=batch)
-    assert list(table.columns) == ["condition", "gates", "accuracy", "loss"]
+    assert list(table.columns) == ["condition", "gates", "accuracy", "accuracy_se", "accuracy_lo", "accuracy_hi",
+                                   "loss", "loss_se", "n_answers"]
+    assert (table["accuracy_lo"] <= table["accuracy"]).all() and (table["accuracy"] <= table["accuracy_hi"]).all()
     assert list(table["condition"]) == ["normal", "position gate zeroed", "content gate zeroed", "both gates zeroed"]
     assert list(table["gates"]) == ["as trained", "pos=0", "content=0", "pos=0, content=0"]
     acc = dict(zip(table["condition"], table["accuracy"]))

@@ -18,6 +18,19 @@ def test_train_writes_a_run(tmp_path, capsys):
     assert "acc_zero" in capsys.readouterr().out
 
 
+def test_train_linreg_reports_its_primary_metric(tmp_path, capsys):
+    """A regression task trains and is summarised by its primary metric (MSE), not acc_* keys."""
+    out = tmp_path / "lr"
+    rc = main(["train", "--task", "linreg", "--path", "unforced", "--steps", "4", "--eval-every", "2",
+               "--checkpoint-every", "2", "--out", str(out), "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "mse_normal" in printed and "acc_normal" not in printed
+    m = read_metrics(out)
+    value = float(printed.split("mse_normal")[1].split()[0])
+    assert value == pytest.approx(m["mse_normal"].iloc[-1], abs=5e-4)
+
+
 def test_bad_path_is_a_clear_error(tmp_path, capsys):
     assert main(["train", "--path", "fade-nowhere", "--out", str(tmp_path / "x")]) == 2
     assert "fade" in capsys.readouterr().err
@@ -29,3 +42,14 @@ def test_demo_prints_both_paths_with_paper_numbers(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| unforced |" in out and "| fade600->0 |" in out
     assert ".734 ± .028" in out and ".780 ± .007" in out
+    # the HTML report of the fade run, written into the demo folder, and its path printed
+    report = tmp_path / "fade600to0_report.html"
+    assert f"report: {report.resolve()}" in out and "Consolidation timeline" in report.read_text()
+
+
+@pytest.mark.slow
+def test_demo_shows_progress_for_both_runs(tmp_path, capfd):
+    assert main(["demo", "--steps", "10", "--out", str(tmp_path), "--no-report"]) == 0
+    err = capfd.readouterr().err
+    assert "unforced: 100%" in err and "fade600->0: 100%" in err and "10/10 steps" in err
+    assert not (tmp_path / "fade600to0_report.html").exists()

@@ -461,7 +461,8 @@ def test_cli_on_local_series(neox, tmp_path, capsys):
                   "## PR lead test"):
         assert title in text
     page = out.read_text()
-    assert "Fraction of heads in each class" in page and "sliders" in page and page.count("plotly.js v") <= 1
+    assert "Heads in each class" in page and "sliders" in page and page.count("plotly.js v") <= 1
+    assert page.index("Heads in each class (of") < page.index("<table")  # figures before tables, as counts
     for name in ("integrity", "screen", "class_fractions", "emergence_shape", "set_convergence", "pr_lead"):
         assert (out.parent / f"{name}.csv").is_file()
     assert main([str(tmp_path / "nowhere")]) == 2

@@ -64,8 +64,11 @@ def test_heatmap_slider_has_one_trace_and_one_step_per_checkpoint():
     assert fig.layout.coloraxis.cmin == pytest.approx(0.0)
     assert fig.layout.coloraxis.cmax == pytest.approx(0.60)
     assert all(tr.coloraxis == "coloraxis" for tr in fig.data)
-    assert fig.layout.coloraxis.colorbar.title.text == plots.metric_label(MASS)
-    assert "attention probability" in fig.layout.coloraxis.colorbar.title.text
+    assert fig.layout.coloraxis.colorbar.title.text.replace("<br>", " ") == plots.metric_label(MASS)
+    assert fig.layout.coloraxis.colorbar.title.side == "right"
+    assert "attention probability" in fig.layout.coloraxis.colorbar.title.text.replace("<br>", " ")
+    # wrapped into short lines, so the rotated title fits beside the bar instead of being clipped
+    assert all(len(line) <= 26 for line in fig.layout.coloraxis.colorbar.title.text.split("<br>"))
     assert title(fig.layout.xaxis) == "head" and title(fig.layout.yaxis) == "layer"
 
 
@@ -104,7 +107,12 @@ def test_timeline_marks_first_crossings_at_the_planted_steps():
     fig = plots.head_timeline(planted_trace(), MASS, gate=gate, threshold=0.25, gate_zero_step=100)
     names = [tr.name for tr in fig.data]
     heads = [f"L{l}H{h}" for l in range(N_LAYERS) for h in range(N_HEADS)]
-    assert names == heads + ["first crossing (≥ 0.25)", "gate (schedule)"]
+    assert names == heads + ["first crossing (≥ 0.25)", "threshold 0.25", "gate (schedule)"]
+    # the top head at the last step (L1H2) is drawn above the others, and wider
+    top = fig.data[names.index("L1H2")]
+    assert top.zorder == 1 and top.line.width > fig.data[0].line.width
+    # the threshold is named in the legend, and the only text label is the crossing's (no overlap)
+    assert [a.text for a in fig.layout.annotations if "threshold" in a.text] == []
     line = fig.data[names.index("L1H2")]
     assert list(line.x) == STEPS and list(line.y) == pytest.approx(PLANTED[(1, 2)])
     assert "L1H2 step 100: 0.3" in line.text
@@ -130,7 +138,7 @@ def test_timeline_top_k_keeps_the_first_crossing_head():
     # L0H1 ends highest, but L1H2 crosses first: both are kept with top_k=1
     planted = {(1, 2): [0.10, 0.30, 0.35], (0, 1): [0.05, 0.20, 0.90]}
     fig = plots.head_timeline(planted_trace(planted), MASS, threshold=0.25, top_k=1)
-    assert [tr.name for tr in fig.data] == ["L0H1", "L1H2", "first crossing (≥ 0.25)"]
+    assert [tr.name for tr in fig.data] == ["L0H1", "L1H2", "first crossing (≥ 0.25)", "threshold 0.25"]
     fig = plots.head_timeline(planted_trace(planted), MASS, top_k=1)
     assert [tr.name for tr in fig.data] == ["L0H1"] and not fig.layout.shapes
     with pytest.raises(ValueError, match="top_k"):
@@ -172,9 +180,11 @@ def test_training_curves_accuracy_and_gates():
                       "train_loss": [np.nan, 3.0, 2.0], "acc_normal": [0.1, 0.5, 0.9],
                       "loss_normal": [3.4, 2.0, 0.5], "acc_zero": [0.1, 0.2, 0.9]})
     fig = plots.training_curves(m)
-    assert [tr.name for tr in fig.data] == ["normal (gates as set)", "zero gate", "gate (pos)", "gate (content)"]
+    # the two gates are identical at every step: drawn once, and the legend says so
+    assert [tr.name for tr in fig.data] == ["normal (gates as set)", "zero gate", "gate (pos = content)"]
     assert list(fig.data[1].y) == [0.1, 0.2, 0.9]
-    assert [tr.yaxis or "y" for tr in fig.data] == ["y", "y", "y2", "y2"]
+    assert [tr.yaxis or "y" for tr in fig.data] == ["y", "y", "y2"]
+    assert list(fig.layout.yaxis2.tickvals) == [0, 0.25, 0.5, 0.75, 1]  # nice gate ticks, not synced ones
     assert title(fig.layout.yaxis) == "accuracy (fraction correct)"
     assert title(fig.layout.yaxis2).startswith("gate value") and title(fig.layout.xaxis) == "training step"
     reg = plots.training_curves(pd.DataFrame({"step": [0, 10], "mse_normal": [1.0, 0.5]}))
@@ -261,3 +271,183 @@ def test_analyze_plain_hooked_transformers_without_gates(tmp_path):
     assert res["traced"]["value"].notna().all() and len(res["traced"]) == 2 * 3 * 2
     assert not any(tr.name and tr.name.startswith("gate") for tr in res["figures"]["successor_mass_timeline"].data)
     assert (tmp_path / "ht.html").is_file()
+
+
+# ------------------------------------------------------------------------- saving
+def test_save_html_always_and_unknown_suffix(tmp_path):
+    fig = plots.head_heatmap(planted_trace(), MASS)
+    out = plots.save(fig, tmp_path / "sub" / "fig.html")
+    text = out.read_text()
+    assert "plotly.js" in text and "L1H2 step 200: 0.6" in text
+    assert "cdn.plot.ly" in plots.save(fig, tmp_path / "cdn.html", plotlyjs="cdn").read_text()
+    with pytest.raises(ValueError, match="unknown figure format '.gif'"):
+        plots.save(fig, tmp_path / "fig.gif")
+    with pytest.raises(ValueError, match="go.Figure"):
+        plots.save({"data": []}, tmp_path / "x.html")
+
+
+def test_save_without_exporter_says_how_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.setitem(plots._EXPORTER, "result", (None, "kaleido 0.2: ModuleNotFoundError"))
+    with pytest.raises(plots.ExportError, match=r"pip install 'circuitfade\[figures\]'"):
+        plots.save(plots.head_heatmap(planted_trace(), MASS), tmp_path / "fig.png")
+    assert not (tmp_path / "fig.png").exists()
+
+
+def test_save_png_svg_pdf(tmp_path):
+    """Real image export (CI installs the [figures] extra through [dev]; skipped only where the
+    exporter package is not installed at all - a broken install fails)."""
+    pytest.importorskip("kaleido", reason="pip install 'circuitfade[figures]' for image export")
+    export, why = plots.image_exporter()
+    assert export is not None, why
+    fig = plots.head_timeline(planted_trace(), MASS, threshold=0.25)
+    png = plots.save(fig, tmp_path / "t.png", width=500, height=300).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (w, h) == (500, 300)
+    assert (w, h) != (0, 0) and len(png) > 5000  # not an empty canvas
+    assert plots.save(fig, tmp_path / "t.svg").read_text().lstrip().startswith("<svg")
+    assert plots.save(fig, tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+# ----------------------------------------------------------- intervals (optional columns)
+def test_timeline_and_bars_draw_intervals_when_present():
+    tr = planted_trace()
+    assert plots.head_timeline(tr, MASS).data[0].error_y.array is None  # none without interval columns
+    tr = tr.assign(lo=tr["value"] - 0.02, hi=tr["value"] + 0.05)
+    line = plots.head_timeline(tr, MASS).data[6]  # L1H2
+    assert list(line.error_y.array) == pytest.approx([0.05] * 3)
+    assert list(line.error_y.arrayminus) == pytest.approx([0.02] * 3)
+    table = pd.DataFrame({"condition": ["a", "b"], "accuracy": [0.5, 0.8], "se": [0.01, 0.02]})
+    (bar,) = plots.gate_intervention_bar(table).data
+    assert list(bar.error_y.array) == pytest.approx([0.0196, 0.0392])
+
+
+def test_training_curves_draw_identical_conditions_once():
+    m = pd.DataFrame({"step": [0, 10, 20], "acc_normal": [0.1, 0.5, 0.9], "acc_zero": [0.1, 0.2, 0.3],
+                      "acc_param": [0.1, 0.5, 0.9], "acc_half": [0.1, 0.2, 0.3001]})
+    names = [tr.name for tr in plots.training_curves(m).data]
+    assert names == ["normal (gates as set) = gate = sigmoid(logit) (identical)", "zero gate", "gate = 0.5"]
+
+
+def test_gate_axis_ticks_at_nice_values_and_legend_clear_of_it():
+    gates = pd.DataFrame({"step": STEPS, "gate_pos": [0.53, 0.21, 0.03]})
+    fig = plots.head_timeline(planted_trace(), MASS, gate=gates)
+    assert list(fig.layout.yaxis2.tickvals) == [0, 0.25, 0.5, 0.75, 1]
+    assert fig.layout.legend.x >= 1.08  # right of the gate axis title
+
+
+def test_chance_label_sits_in_the_margin_not_on_a_bar():
+    table = pd.DataFrame({"condition": ["a", "b"], "accuracy": [0.5, 0.1]})
+    fig = plots.gate_intervention_bar(table, chance=0.1)
+    (note,) = fig.layout.annotations
+    assert note.xref == "paper" and note.x > 1 and note.xanchor == "left"
+
+
+def test_class_count_figure_counts_heads():
+    fr = pd.DataFrame({"step": [0, 10, 0, 10], "class": ["induction", "induction", "bos", "bos"],
+                       "count": [0, 3, 1, 2], "n_heads": [8, 8, 8, 8], "fraction": [0, 3 / 8, 1 / 8, 2 / 8]})
+    fig = plots.class_count_figure(fr, pd.DataFrame({"class": ["induction"], "shape": ["sharp"]}))
+    assert [tr.name for tr in fig.data] == ["induction (sharp)", "bos"]
+    assert list(fig.data[0].y) == [0, 3] and fig.data[0].text[1] == "induction, step 10: 3 of 8 heads"
+    assert "of 8 heads" in fig.layout.title.text and list(fig.layout.xaxis.ticktext) == ["0", "10"]
+    with pytest.raises(ValueError, match="count"):
+        plots.class_count_figure(fr.drop(columns="count"))
+    same = pd.concat([fr, fr[fr["class"] == "induction"].assign(**{"class": "previous_token"})], ignore_index=True)
+    names = [tr.name for tr in plots.class_count_figure(same).data]
+    assert names == ["induction = previous_token (identical counts)", "bos"]  # drawn once, not hidden
+
+
+# ------------------------------------------------------------------- tables and pages
+def test_markdown_and_html_tables():
+    from circuitfade.viz.tables import html_table, markdown_table as md
+
+    df = pd.DataFrame({"a": [1.234567, np.nan], "b|c": ["x<y", None]})
+    assert md(df).splitlines() == ["| a | b\\|c |", "|---|---|", "| 1.235 | x<y |", "| NA | NA |"]
+    h = html_table(df)
+    assert h.startswith('<div class="table-wrap">') and "x&lt;y" in h and "<th>b|c</th>" in h
+    wide = pd.DataFrame([{f"col{i}": i for i in range(14)}])
+    t = html_table(wide, transpose=True)
+    assert t.count("<tr>") == 14 and "<tr><th>col13</th><td>13</td></tr>" in t
+
+
+def test_page_builder_orders_sections_and_embeds_plotly_once(tmp_path):
+    from circuitfade.viz.html import Note, Raw, Section, Table, page, write_page
+
+    figs = [plots.head_heatmap(planted_trace(), MASS), plots.head_timeline(planted_trace(), MASS)]
+    text = page("T <1>", [Section("Figures", figs), ("Tables", [pd.DataFrame({"x": [1]}), Note("n & m"),
+                                                               Table(pd.DataFrame({"y": [2]}), transpose=True),
+                                                               Raw("<b>raw</b>"), "plain"])], intro="hello")
+    assert text.count("<h1>T &lt;1&gt;</h1>") == 1 and "<p>hello</p>" in text
+    assert text.index("<h2>Figures</h2>") < text.index('class="figure"') < text.index("<h2>Tables</h2>")
+    assert text.count("plotly.js v") == 1  # embedded once
+    assert '<p class="note">n &amp; m</p>' in text and "<b>raw</b>" in text and "<p>plain</p>" in text
+    assert "overflow-x: auto" in text
+    out = write_page(tmp_path / "r" / "p.html", "t", [Section("s", ["x"])], plotlyjs="cdn")
+    assert out.read_text().endswith("</body></html>")
+    with pytest.raises(ValueError, match="page item"):
+        page("t", [Section("s", [object()])])
+
+
+# ------------------------------------------------------------------ attention patterns
+def _uniform_attention_model(seed: int) -> HookedTransformer:
+    """A tiny model whose queries are zero: every score is equal, so attention is uniform over
+    the causal window (pattern[q, k] = 1 / (q + 1) for k <= q) - a planted, known answer."""
+    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=8, d_vocab=10,
+                                  attn_only=True, seed=seed)
+    m = HookedTransformer(cfg)
+    with torch.no_grad():
+        for block in m.blocks:
+            block.attn.W_Q.zero_()
+            block.attn.b_Q.zero_()
+    return m
+
+
+def test_attention_patterns_and_figure_on_planted_uniform_attention():
+    from circuitfade.viz.attention import attention_figure, attention_patterns, attention_view
+
+    models = {0: _uniform_attention_model(0), 50: _uniform_attention_model(1)}
+    tokens = torch.tensor([3, 1, 4, 1, 5])
+    p = attention_patterns(models, tokens, token_labels=list("abcbd"))
+    assert p.patterns.shape == (2, 2, 2, 5, 5) and p.steps == (0, 50)
+    want = np.tril(np.ones((5, 5))) / np.arange(1, 6)[:, None]
+    np.testing.assert_allclose(p.patterns[1, 1, 0], want, atol=1e-6)
+    assert p.labels == ("0:a", "1:b", "2:c", "3:b", "4:d")  # repeated tokens stay distinct
+    fig = attention_figure(p, layer=1)
+    assert len(fig.data) == 4 and [tr.visible for tr in fig.data] == [False, False, True, True]
+    (slider,) = fig.layout.sliders
+    assert [s.label for s in slider.steps] == ["0", "50"]
+    assert list(slider.steps[0].args[0]["visible"]) == [True, True, False, False]
+    assert list(fig.layout.xaxis.ticktext) == list(p.labels) and fig.layout.yaxis.autorange == "reversed"
+    assert "L1H0 step 50: query 3:b -> key 1:b: 0.250" in fig.data[2].text[3][1]
+    assert isinstance(attention_view(p, 1, backend="plotly"), type(fig))
+    with pytest.raises(ValueError, match="layer"):
+        attention_figure(p, layer=2)
+    with pytest.raises(ValueError, match="steps \\[7\\]"):
+        attention_patterns(models, tokens, steps=[7])
+    with pytest.raises(ValueError, match="n_ctx = 8"):
+        attention_patterns(models, torch.arange(9))
+
+
+def test_attention_view_uses_circuitsvis_when_installed(monkeypatch):
+    import sys
+    import types
+
+    from circuitfade.viz.attention import CircuitsVisSeries, attention_patterns, attention_view
+
+    calls = []
+    fake = types.ModuleType("circuitsvis.attention")
+    fake.attention_patterns = lambda tokens, attention: calls.append((tokens, tuple(attention.shape))) or "<cv/>"
+    pkg = types.ModuleType("circuitsvis")
+    pkg.attention = fake
+    monkeypatch.setitem(sys.modules, "circuitsvis", pkg)
+    monkeypatch.setitem(sys.modules, "circuitsvis.attention", fake)
+    p = attention_patterns([_uniform_attention_model(0)] * 3, torch.tensor([1, 2, 3]))
+    view = attention_view(p, 0)
+    assert isinstance(view, CircuitsVisSeries) and len(calls) == 3
+    assert calls[0] == (["0:1", "1:2", "2:3"], (2, 3, 3))  # [head, query, key] per step
+    assert view._repr_html_().count("<cv/>") == 3 and 'type="range"' in view.html
+    monkeypatch.setitem(sys.modules, "circuitsvis", None)
+    monkeypatch.setitem(sys.modules, "circuitsvis.attention", None)
+    assert not isinstance(attention_view(p, 0), CircuitsVisSeries)  # plotly without it
+    with pytest.raises(ImportError, match="pip install circuitsvis"):
+        attention_view(p, 0, backend="circuitsvis")

@@ -47,9 +47,14 @@ def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
     assert rc == 0
     md = (tmp_path / "results.md").read_text()
     assert "QUICK MODE" in md and "Causal controls" in md and "Claim-by-claim verdict" in md
-    for row in ("fade600->0", "switch@1050", "switch@600", "posthoc", "unforced", "forced_zero"):
-        assert f"| {row} |" in md
-    assert ".734 ± .028" in md  # the paper's number beside ours
+    assert "paths actually trained" in md and "eval: 32 examples, seed 1000003" in md
+    posthoc = P.posthoc_config(tmp_path / "runs", 0, TINY).path
+    for row in (TINY.fade(), TINY.switch(1050), TINY.switch(600), posthoc, "unforced", "forced_zero"):
+        assert f"| {row} |" in md  # labelled with the paths actually trained
+    assert "| fade600->0 |" not in md and ".734 ± .028" not in md  # no paper numbers beside quick runs
+    # 36-step runs never leave the initial plateau: their claims are not testable, not "not reproduced"
+    verdict_rows = md.split("Claim-by-claim verdict")[1]
+    assert "not testable" in verdict_rows and "| not reproduced |" not in verdict_rows
     assert (tmp_path / "table_controls.csv").is_file() and (tmp_path / "report.html").is_file()
     # results.md exists now: it is replaced only with --force
     again = ["reproduce", "controls", "--seeds", "1", "--quick", "--tables-only", "--out", str(tmp_path)]
@@ -57,7 +62,26 @@ def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
     # tables-only re-run trains nothing and reports the same runs as reused
     rc = main(again + ["--force"])
     assert rc == 0
-    assert "6 reused, 0 not trained, 0 failed" in (tmp_path / "results.md").read_text()
+    assert "6 reused, 0 from the recorded results_runs.csv (folders gone), 0 not trained, 0 failed" in (
+        tmp_path / "results.md").read_text()
+
+
+def test_verdicts_compare_intervals_and_report_untestable_claims():
+    import math
+
+    from circuitfade.experiments import reproduce as R
+
+    assert R._le(0.1, 0.19, 0.2) is True and R._le(0.21, 0.3, 0.2) is False and R._le(0.1, 0.3, 0.2) is None
+    assert R._ge(0.61, 0.7, 0.6) is True and R._ge(0.5, 0.59, 0.6) is False and R._ge(0.5, 0.7, 0.6) is None
+    assert R.grade(True, True, True) == "reproduced"
+    assert R.grade(False, True, True) == "partly" and R.grade(None, True, True) == "partly (full rule undecided)"
+    assert R.grade(False, False, True) == "not reproduced" and R.grade(None, False, True) == "inconclusive"
+    assert R.grade(True, True, True, testable=False) == "not testable" and R.grade(None, None, False) == "not run"
+    one = P.Measure.of([0.5], eval_n=512)  # one seed: the Wilson interval of its evaluation
+    assert one.n == 1 and one.lo < 0.5 < one.hi and one.se == math.sqrt(0.25 / 512)
+    three = P.Measure.of([0.7, 0.8, 0.9])
+    assert (three.mean, three.n) == (pytest.approx(0.8), 3) and three.lo < 0.7 and three.hi == 1.0  # clipped
+    assert "[" in str(three) and "sd 0.100" in str(three)
 
 
 def test_unknown_experiment_is_an_error(tmp_path, capsys):

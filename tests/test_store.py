@@ -22,6 +22,7 @@ from circuitfade.store import (
     Snapshot,
     attach,
     load_hf_local,
+    metric,
     open_run,
     trace,
 )
@@ -402,10 +403,12 @@ def gate_metric(model, batch, task):
 def test_trace_per_head_and_scalar_metrics():
     series = attach({100: uniform_model(1.0), 200: uniform_model(2.0)}, metadata={"run": "u", "seed": 7})
     tokens = torch.randint(0, 20, (4, 10), generator=torch.Generator().manual_seed(0))
-    df = trace(series, [attn_to_first, we_mean, gate_metric], batch=tokens, progress=False)
+    df = trace(series, [metric(attn_to_first, inputs=("model", "batch")), we_mean, gate_metric], batch=tokens,
+               progress=False)
     L, H, P = 2, 4, 10
     assert len(df) == 2 * L * H + 2 + 2
-    assert list(df.columns) == ["step", "layer", "head", "metric", "value", "note", "run", "seed"]
+    assert list(df.columns) == ["step", "layer", "head", "metric", "value", "se", "lo", "hi", "note", "run", "seed"]
+    assert df[["se", "lo", "hi"]].isna().all().all()  # these metrics give no interval
     assert (df["run"] == "u").all() and (df["seed"] == 7).all()
     assert str(df["layer"].dtype) == "Int64" and str(df["head"].dtype) == "Int64"
     heads = df[df.metric == "attn_to_first"]
@@ -441,17 +444,23 @@ def test_trace_run_uses_its_task_and_eval_set(run_dir):
 def test_trace_dataframe_metric_and_errors():
     series = attach([uniform_model(0.0)])
 
+    @metric(inputs=("model", "batch"))
     def table(model, batch):
         return pd.DataFrame({"layer": [0, 1], "metric": ["a", "b"], "value": [1.0, 2.0], "condition": ["x", "y"]})
 
     df = trace(series, {"t": table}, batch=torch.zeros(1, 4, dtype=torch.long), progress=False)
     assert list(df.metric) == ["a", "b"] and list(df.condition) == ["x", "y"] and df["head"].isna().all()
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
-        trace(series, {"bad": lambda m, b: torch.zeros(3)}, progress=False)
+        trace(series, {"bad": metric(lambda m: torch.zeros(3), inputs="model")}, progress=False)
     with pytest.raises(ValueError, match="duplicate metric names"):
         trace(series, [we_mean, we_mean], progress=False)
     with pytest.raises(RuntimeError, match="boom"):  # errors outside skip_errors propagate
-        trace(series, {"x": lambda m, b: (_ for _ in ()).throw(RuntimeError("boom"))}, progress=False)
+        trace(series, {"x": metric(lambda m: (_ for _ in ()).throw(RuntimeError("boom")), inputs="model")},
+              progress=False)
+    with pytest.raises(ValueError, match="this series has no task; pass task="):
+        trace(series, [we_mean], progress=False)  # needs (model, batch, task), and there is no task
+    with pytest.raises(ValueError, match="metric inputs"):
+        metric(we_mean, inputs=("batch", "model"))
 
 
 def test_snapshot_validation():

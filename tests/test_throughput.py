@@ -242,14 +242,17 @@ def test_trace_and_screens_take_a_device(monkeypatch):
     from circuitfade.analysis.development import screen_series
     from circuitfade.store import attach, trace
 
+    def n_params(model):
+        return float(sum(p.numel() for p in model.parameters()))
+
+    n_params.metric_inputs = ("model",)  # a weight-only metric
     m = make_model(seed=9)
     series = attach([m, m])
-    df = trace(series, {"n": lambda model: float(sum(p.numel() for p in model.parameters()))}, device="cpu",
-               progress=False)
+    df = trace(series, {"n": n_params}, device="cpu", progress=False)
     assert len(df) == 2 and (df.value > 0).all()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="CUDA is not available"):
-        trace(series, {"n": lambda model: 1.0}, device="cuda", progress=False)
+        trace(series, {"n": n_params}, device="cuda", progress=False)
     with pytest.raises(ValueError, match="CUDA is not available"):
         screen_series(series, device="cuda", progress=False)
 

@@ -208,3 +208,35 @@ def test_run_directory_lock(tmp_path):
     (tmp_path / "r" / ".lock").write_text("999999999")  # a dead pid: stale lock, taken over
     train(cfg(steps=10), tmp_path / "r", progress=False)
     assert not (tmp_path / "r" / ".lock").exists()
+
+
+# ------------------------------------------------------------------ optional loggers
+def test_train_calls_a_planted_logger_with_every_eval_row(tmp_path):
+    from circuitfade.train.loggers import JSONLinesLogger, scalars
+
+    calls = []
+    cfg = RunConfig(path="fade20->0", train=TrainConfig(steps=20, eval_every=10, eval_size=16, checkpoint_every=20,
+                                                         batch_size=8, eval_conditions=("normal", "zero")))
+    run = train(cfg, None, progress=False, logger=lambda step, m: calls.append((step, m)))
+    assert [s for s, _ in calls] == [0, 10, 20]
+    assert [m for _, m in calls] == run.metrics  # the very rows of metrics.csv
+    assert all(m["step"] == s for s, m in calls)
+    assert scalars({"step": 3, "a": 1, "b": float("nan"), "c": "x", "d": True}) == {"a": 1.0}
+    with JSONLinesLogger(tmp_path / "log.jsonl") as log:
+        train(cfg, tmp_path / "run", progress=False, logger=log)
+    lines = [json.loads(l) for l in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [0, 10, 20] and "acc_normal" in lines[-1]
+
+
+def test_tensorboard_logger_needs_tensorboard_or_writes_events(tmp_path):
+    from circuitfade.train.loggers import TensorBoardLogger
+
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="pip install tensorboard"):
+            TensorBoardLogger(tmp_path / "tb")
+        return
+    with TensorBoardLogger(tmp_path / "tb") as log:
+        log(10, {"step": 10, "acc_normal": 0.5})
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

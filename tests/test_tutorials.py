@@ -1,6 +1,7 @@
 """The tutorial notebooks run top to bottom (nbclient, a real kernel) and produce what they claim.
 
-Each test executes one notebook with the tutorials folder as working directory, then
+Each test executes one notebook with a scratch folder *outside the repository* as working
+directory (tutorials find the shipped series through the package, not the folder), then
 runs one extra cell in the same kernel that reports the notebook's key results as
 JSON, and checks them. Slow (each notebook trains or traces for up to a minute or two).
 """
@@ -8,8 +9,10 @@ JSON, and checks them. Slow (each notebook trains or traces for up to a minute o
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -59,7 +62,7 @@ def kernel_env(tmp_path_factory):
     mp.undo()
 
 
-def run_notebook(name: str, check_code: str, cleanup: str = "") -> tuple[object, dict]:
+def run_notebook(name: str, check_code: str, cleanup: str = "", cwd: Path | None = None) -> tuple[object, dict]:
     """Execute ``tutorials/name``, then a cell printing MARK + ``json.dumps(check_code)`` and then
     ``cleanup``, in the same kernel; return (executed notebook, the decoded report)."""
     nb = nbformat.read(TUTORIALS / name, as_version=4)
@@ -67,8 +70,10 @@ def run_notebook(name: str, check_code: str, cleanup: str = "") -> tuple[object,
     check_index = len(nb.cells) - 1
     if cleanup:
         nb.cells.append(nbformat.v4.new_code_cell(cleanup))
+    cwd = Path(tempfile.mkdtemp(prefix="circuitfade_tutorial_")) if cwd is None else cwd
+    assert REPO not in cwd.resolve().parents
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(TUTORIALS)}})
+                                     resources={"metadata": {"path": str(cwd)}})
     client.execute()
     for cell in nb.cells:
         for out in cell.get("outputs", []):
@@ -134,7 +139,9 @@ def test_tutorial_03_attach_your_model(kernel_env):
         NOTEBOOKS[2],
         '{"files": sorted(p.name for p in folder.iterdir()), "steps": series.steps, '
         '"kind": type(series[0]).__name__, "n_rows": len(traced), "nan": int(traced.value.isna().sum()), '
-        '"metrics": sorted(traced.metric.unique()), "heads": int(traced[["layer", "head"]].drop_duplicates().shape[0])}',
+        '"metrics": sorted(traced.metric.unique()), "heads": int(traced[["layer", "head"]].drop_duplicates().shape[0]), '
+        '"loss": loss.item(), "final_mass": traced[(traced.metric == "successor_mass") & (traced.step == 300)]'
+        '[["layer", "head", "value"]].astype(float).to_dict("records")}',
         cleanup="import shutil\nshutil.rmtree(folder)",  # the notebook's temporary checkpoint folder
     )
     assert r["files"] == ["ckpt_step0.pt", "ckpt_step100.pt", "ckpt_step200.pt", "ckpt_step300.pt", "config.json"]
@@ -142,4 +149,30 @@ def test_tutorial_03_attach_your_model(kernel_env):
     assert r["kind"] == "HookedTransformer"
     assert r["metrics"] == ["ablation_importance", "ablation_loss_increase", "successor_mass"]
     assert r["heads"] == 8 and r["n_rows"] == 4 * 3 * 8 and r["nan"] == 0
+    # the plain model learns the repeated spans: training loss far below chance, ln 31
+    assert r["loss"] < 0.5 * math.log(31), r["loss"]
+    # ... with an induction head: a layer-1 head puts most of its attention on the answer
+    top = max(r["final_mass"], key=lambda row: row["value"])
+    assert top["layer"] == 1 and top["value"] > 0.5, r["final_mass"]
     assert _has_plotly_output(nb)
+
+
+# ------------------------------------------------------------------ the shipped series
+def test_example_series_found_from_any_folder_and_by_env_var(tmp_path, monkeypatch):
+    from circuitfade.store.examples import ENV_VAR, example_series, example_series_dir
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)  # not the repository
+    assert example_series_dir("fade600to0") == REPO / "assets" / "series" / "fade600to0"
+    assert example_series("unforced").steps[-1] == 3600
+    copy = tmp_path / "my_assets"
+    shutil.copytree(REPO / "assets" / "series" / "unforced", copy / "series" / "unforced")
+    monkeypatch.setenv(ENV_VAR, str(copy))
+    assert example_series_dir("unforced") == copy / "series" / "unforced"
+    with pytest.raises(FileNotFoundError, match="fade600to0"):
+        example_series_dir("fade600to0")  # not in that copy
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="expected a folder holding series/"):
+        example_series_dir("unforced")
+    with pytest.raises(ValueError, match="expected one of"):
+        example_series_dir("nope")

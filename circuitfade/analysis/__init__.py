@@ -17,6 +17,7 @@ tensors or tidy DataFrames (main paper Sections 6 and 9).
 from circuitfade.analysis.gates import (
     PRIOR_LABELS,
     NoGatesError,
+    condition_metrics,
     describe_gates,
     evaluate,
     gate_intervention_table,
@@ -30,6 +31,7 @@ from circuitfade.analysis.heads import (
     head_label,
     mean_ablation_importance,
     per_head_frame,
+    successor_mass,
     successor_value_mass,
 )
 from circuitfade.analysis.patching import mean_replacement, patch_resid, patched_logits
@@ -64,6 +66,7 @@ __all__ = [
     "patched_logits",
     "previous_token_score",
     "weight_pr",
+    "condition_metrics",
     "consolidation_timeline",
     "describe_gates",
     "evaluate",
@@ -73,6 +76,7 @@ __all__ = [
     "intervention_conditions",
     "mean_ablation_importance",
     "per_head_frame",
+    "successor_mass",
     "successor_value_mass",
     "timeline_long",
     "top_heads",

@@ -21,12 +21,17 @@ from typing import Mapping
 import pandas as pd
 import torch
 
-from circuitfade.gating.evaluation import CONDITIONS, NoGatesError, evaluate_batch, has_gates
-from circuitfade.tasks import Batch, Task, eval_set
+import torch.nn.functional as F
+
+from circuitfade.gating.evaluation import CONDITIONS, NoGatesError, gate_condition, has_gates
+from circuitfade.stats import DEFAULT_LEVEL, proportion_interval, ratio_se
+from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_set
 
 __all__ = [
     "NoGatesError",
     "PRIOR_LABELS",
+    "TABLE_COLUMNS",
+    "condition_metrics",
     "describe_gates",
     "evaluate",
     "gate_intervention_table",
@@ -36,8 +41,9 @@ __all__ = [
 PRIOR_LABELS = {"pos": "position", "content": "content"}
 """Human-readable names of the built-in priors, used in condition labels."""
 
-
-
+TABLE_COLUMNS = ["condition", "gates", "accuracy", "accuracy_se", "accuracy_lo", "accuracy_hi", "loss", "loss_se",
+                 "n_answers"]
+"""Columns of :func:`gate_intervention_table`."""
 
 def describe_gates(gates: str | Mapping | None) -> str:
     """A short string for a gate condition.
@@ -62,37 +68,69 @@ def describe_gates(gates: str | Mapping | None) -> str:
     raise ValueError(f"gates: expected None, one of {CONDITIONS} or a mapping prior -> value, got {gates!r}")
 
 
+def _batch_for(task, batch, n, seed) -> tuple[Task, Batch]:
+    task = as_task(task)
+    if batch is None:
+        if task is None:
+            raise ValueError("task: expected a Task, a task name, a dict or a Batch (got None) when batch is None")
+        batch = eval_set(task, n, EVAL_SEED if seed is None else seed)
+    if not isinstance(batch, Batch):
+        raise ValueError(f"batch: expected a circuitfade.tasks.Batch or None, got {type(batch).__name__}")
+    return task, batch
+
+
+def _with_intervals(task: Task, logits, batch: Batch, level: float) -> dict:
+    """``task.metrics`` plus, for token tasks, ``accuracy_se/lo/hi``, ``loss_se``, ``n_answers``."""
+    out = dict(task.metrics(logits, batch))
+    if "accuracy" not in out:
+        return out
+    mask = batch.answer_mask
+    counts = mask.sum(1).double()
+    correct = task.per_example_accuracy(logits, batch).double() * counts
+    acc = proportion_interval(correct.cpu().numpy(), counts.cpu().numpy(), level)
+    ce = torch.zeros(mask.shape, dtype=torch.float64, device=logits.device)
+    ce[mask] = F.cross_entropy(logits[mask].double(), batch.targets[mask], reduction="none")
+    out.update(accuracy_se=acc["se"], accuracy_lo=acc["lo"], accuracy_hi=acc["hi"],
+               loss_se=ratio_se(ce.sum(1).cpu().numpy(), counts.cpu().numpy()), n_answers=int(counts.sum()))
+    return out
+
+
 def evaluate(
     model,
-    task: Task,
+    task: Task | str | Mapping | Batch,
     *,
     gates: str | Mapping | None = "normal",
     batch: Batch | None = None,
-    n: int = 512,
+    n: int = EVAL_SIZE,
     seed: int | None = None,
+    level: float = DEFAULT_LEVEL,
 ) -> dict:
-    """Accuracy and loss of ``model`` on ``task`` under one gate condition.
+    """Accuracy and loss of ``model`` on ``task`` under one gate condition, with intervals.
 
     ``gates``: ``"normal"`` (gates as they are, also ``None``), ``"zero"`` (every gate
     0), ``"param"`` (every gate ``sigmoid(logit)``), ``"half"`` (every gate 0.5) or a
     mapping such as ``{"pos": 0.0}`` overriding exactly those gates (values: a number,
     ``[n_heads]`` or ``[n_layers, n_heads]``); see :mod:`circuitfade.gating.evaluation`.
 
-    ``batch``: the evaluation batch; if ``None``, ``eval_set(task, n, seed)`` (the
-    package's fixed evaluation seed when ``seed`` is ``None``).
+    ``task``: a :class:`Task`, a task name, a dict ``{"name": ..., **config}`` or a user's
+    own :class:`Batch`. ``batch``: the evaluation batch; if ``None``,
+    ``eval_set(task, n, seed)`` (the package's one convention, ``EVAL_SIZE`` examples
+    and ``EVAL_SEED``, when ``seed`` is ``None``: the set ``metrics.csv`` is logged on).
 
-    Returns ``{"accuracy": float, "loss": float, "condition": str}``: accuracy is the
-    fraction of answer positions whose argmax is the target, loss the mean
-    cross-entropy over answer positions (:meth:`Task.accuracy`, :meth:`Task.loss`),
-    ``condition`` is :func:`describe_gates` of ``gates``.
+    Returns ``{"accuracy", "loss", "condition", "accuracy_se", "accuracy_lo",
+    "accuracy_hi", "loss_se", "n_answers"}``: accuracy is the fraction of answer
+    positions whose argmax is the target, loss the mean cross-entropy over answer
+    positions (:meth:`Task.accuracy`, :meth:`Task.loss`), ``condition`` is
+    :func:`describe_gates` of ``gates``. Intervals (:func:`circuitfade.stats.proportion_interval`):
+    binomial standard error and Wilson ``level`` interval when every example has one
+    answer position, by-example (cluster) standard error otherwise; ``loss_se`` by
+    example. Regression tasks return their own metrics (``mse``, ``loss``, ...) and
+    ``condition``.
 
     Raises ``ValueError`` for an unknown condition, and :class:`NoGatesError` (a
     ``ValueError``) for any condition other than ``"normal"`` on a model without gates.
     """
-    if batch is None:
-        batch = eval_set(task, n) if seed is None else eval_set(task, n, seed)
-    if not isinstance(batch, Batch):
-        raise ValueError(f"batch: expected a circuitfade.tasks.Batch or None, got {type(batch).__name__}")
+    task, batch = _batch_for(task, batch, n, seed)
     condition = describe_gates(gates)  # validates the type early
     if gates not in (None, "normal") and not has_gates(model):
         raise NoGatesError(
@@ -100,8 +138,18 @@ def evaluate(
             "use gates='normal' (or check circuitfade.gating.evaluation.has_gates(model))"
         )
     device = next(model.parameters()).device
-    r = evaluate_batch(model, task, batch.to(device) if batch.device != device else batch, gates)
-    return {"accuracy": r["accuracy"], "loss": r["loss"], "condition": condition}
+    batch = batch.to(device) if batch.device != device else batch
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), gate_condition(model, gates):
+            logits = model(batch.model_input)
+        r = _with_intervals(task, logits, batch, level)
+    finally:
+        model.train(was_training)
+    if "accuracy" not in r:
+        return {**r, "condition": condition}
+    return {"accuracy": r.pop("accuracy"), "loss": r.pop("loss"), "condition": condition, **r}
 
 
 def intervention_conditions(model) -> list[tuple[str, dict | str]]:
@@ -131,37 +179,71 @@ def intervention_conditions(model) -> list[tuple[str, dict | str]]:
 
 def gate_intervention_table(
     model,
-    task: Task,
+    task: Task | str | Mapping | Batch,
     *,
     batch: Batch | None = None,
-    n: int = 512,
+    n: int = EVAL_SIZE,
     seed: int | None = None,
+    level: float = DEFAULT_LEVEL,
 ) -> pd.DataFrame:
     """Accuracy and loss with each prior's gate zeroed at evaluation (paper Section 6, Figure 4).
 
     One row per condition of :func:`intervention_conditions`; for the default model
     (priors ``pos``, ``content``) the rows are ``normal`` (gates as trained),
     ``position gate zeroed``, ``content gate zeroed``, ``both gates zeroed``. Every row
-    is evaluated on the same batch (``batch``, or ``eval_set(task, n, seed)``).
+    is evaluated on the same batch (``batch``, or ``eval_set(task, n, seed)``: by
+    default the package's one evaluation convention, as in :func:`evaluate`).
 
-    Columns: ``condition`` (label), ``gates`` (the override: ``"as trained"`` or e.g.
-    ``"pos=0, content=0"``), ``accuracy``, ``loss`` (as in :func:`evaluate`).
+    Columns (:data:`TABLE_COLUMNS`): ``condition`` (label), ``gates`` (the override:
+    ``"as trained"`` or e.g. ``"pos=0, content=0"``), ``accuracy`` with ``accuracy_se``,
+    ``accuracy_lo``, ``accuracy_hi``, ``loss`` with ``loss_se``, ``n_answers`` (as in
+    :func:`evaluate`).
 
     Raises :class:`NoGatesError` (a ``ValueError``) for a model without gates; skip such
     models with ``circuitfade.gating.evaluation.has_gates(model)``.
     """
     conditions = intervention_conditions(model)
-    if batch is None:
-        batch = eval_set(task, n) if seed is None else eval_set(task, n, seed)
+    task, batch = _batch_for(task, batch, n, seed)
     rows = []
     for label, gates in conditions:
-        r = evaluate(model, task, gates=gates, batch=batch)
-        rows.append(
-            {
-                "condition": label,
-                "gates": "as trained" if gates == "normal" else describe_gates(gates),
-                "accuracy": r["accuracy"],
-                "loss": r["loss"],
-            }
-        )
-    return pd.DataFrame(rows, columns=["condition", "gates", "accuracy", "loss"])
+        r = evaluate(model, task, gates=gates, batch=batch, level=level)
+        rows.append({"condition": label, "gates": "as trained" if gates == "normal" else describe_gates(gates),
+                     **{k: r.get(k) for k in TABLE_COLUMNS[2:]}})
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def condition_metrics(
+    model,
+    batch: Batch,
+    task: Task,
+    *,
+    conditions: tuple[str, ...] | str = "auto",
+    level: float = DEFAULT_LEVEL,
+) -> pd.DataFrame:
+    """Accuracy and loss under evaluation conditions, with intervals, as tidy trace rows.
+
+    The metric-protocol form of :func:`evaluate` for :func:`circuitfade.store.trace`:
+    one row per (condition, metric) with columns ``metric`` (``"accuracy"``, ``"loss"``;
+    regression tasks: their primary metric and ``loss``), ``condition``, ``value``,
+    ``se``, ``lo``, ``hi`` (accuracy: binomial/Wilson or by-example, see
+    :func:`evaluate`; loss: ``value ± z·se``). ``conditions="auto"``: ``("normal",
+    "zero")`` for a gated model, ``("normal",)`` for a plain one.
+    """
+    from circuitfade.stats import normal_interval
+
+    if isinstance(conditions, str) and conditions == "auto":
+        conditions = ("normal", "zero") if has_gates(model) else ("normal",)
+    rows = []
+    for c in conditions:
+        r = evaluate(model, task, gates=c, batch=batch, level=level)
+        if "accuracy" in r:
+            rows.append({"metric": "accuracy", "condition": describe_gates(c), "value": r["accuracy"],
+                         "se": r["accuracy_se"], "lo": r["accuracy_lo"], "hi": r["accuracy_hi"]})
+            lo, hi = normal_interval(r["loss"], r["loss_se"], level)
+            rows.append({"metric": "loss", "condition": describe_gates(c), "value": r["loss"], "se": r["loss_se"],
+                         "lo": lo, "hi": hi})
+        else:
+            for k, v in r.items():
+                if k != "condition":
+                    rows.append({"metric": k, "condition": describe_gates(c), "value": float(v)})
+    return pd.DataFrame(rows)

@@ -18,39 +18,46 @@ and the model's train/eval mode is restored.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Iterator, Mapping
 
+import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
 from circuitfade.analysis.gates import NoGatesError
 from circuitfade.gating.evaluation import gate_condition, has_gates
+from circuitfade.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, bootstrap_ratio, bootstrap_weights, percentile_interval
+from circuitfade.store.tracing import head_label, per_head_frame
 from circuitfade.tasks import Batch, Task
 
 __all__ = [
     "ABLATION_IMPORTANCE",
     "ABLATION_LOSS_INCREASE",
+    "BOOTSTRAP_SEED",
     "SUCCESSOR_MASS",
     "head_diagnostics",
     "head_label",
     "mean_ablation_importance",
     "per_head_frame",
+    "successor_mass",
     "successor_value_mass",
 ]
 
 SUCCESSOR_MASS = "successor_mass"
-"""Metric name of :func:`successor_value_mass` in tidy frames."""
+"""Metric name of :func:`successor_mass` in tidy frames (also the function's name)."""
 ABLATION_IMPORTANCE = "ablation_importance"
 """Metric name of the accuracy drop of :func:`mean_ablation_importance` in tidy frames."""
 ABLATION_LOSS_INCREASE = "ablation_loss_increase"
 """Metric name of the loss increase of :func:`mean_ablation_importance` in tidy frames."""
 
-
-def head_label(layer: int, head: int) -> str:
-    """``"L{layer}H{head}"``, the paper's name for a head (e.g. ``L1H3``)."""
-    return f"L{int(layer)}H{int(head)}"
+BOOTSTRAP_SEED = 0
+"""Seed of the bootstrap resamples over evaluation examples. Fixed, so every head, every
+checkpoint and every metric measured on the same evaluation set shares the same
+resamples (resample ``r`` is one coherent alternative evaluation set)."""
 
 
 # ---------------------------------------------------------------------------- checks
@@ -101,8 +108,55 @@ def _inference(model, gates) -> Iterator[None]:
         model.train(was_training)
 
 
+def _auto_gates(model, gates):
+    """``"auto"`` -> ``"zero"`` for a gated model, ``None`` (as it is) for a plain one."""
+    if isinstance(gates, str) and gates == "auto":
+        return "zero" if has_gates(model) else None
+    return gates
+
+
+def _interval(boot: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN heads (a non-finite model) -> NaN
+        se = np.nanstd(boot, axis=0, ddof=1) if boot.shape[0] > 1 else np.full(boot.shape[1:], np.nan)
+    lo, hi = percentile_interval(boot, level)
+    return se, lo, hi
+
+
 # -------------------------------------------------------------------- successor mass
-def successor_value_mass(
+def _successor_sums(model, batch: Batch, gates) -> tuple[Tensor, Tensor]:
+    """Per-example successor mass summed over answer positions ``[batch, layer, head]``
+    (NaN where a head's pattern at an answer position was not a distribution: a
+    non-finite model, whose NaN pattern TransformerLens zeroes before the hook), and the
+    per-example answer counts ``[batch]``."""
+    n_layers, n_heads = _check_model(model, "hook_pattern")
+    batch = _check_batch(model, batch)
+    sums = torch.full((len(batch), n_layers, n_heads), float("nan"), dtype=torch.float64)
+    fired = [False] * n_layers
+
+    def make_hook(layer: int):
+        def hook(pattern: Float[Tensor, "batch head query_pos key_pos"], hook) -> None:
+            p = pattern.to(torch.float64)
+            sources = batch.answer_sources.to(torch.float64)  # [batch, query_pos, key_pos]
+            mask = batch.answer_mask.to(torch.float64)  # [batch, query_pos]
+            mass = torch.einsum("bhqk,bqk->bhq", p, sources)  # [batch, head, query_pos]
+            total = torch.einsum("bhq,bq->bh", mass, mask)
+            broken = ((p.sum(-1) < 0.5) & batch.answer_mask[:, None, :]).any(-1)  # zeroed (NaN) rows
+            broken |= ~torch.isfinite(p).all(-1).all(-1)
+            sums[:, layer] = torch.where(broken, torch.nan, total).cpu()
+            fired[layer] = True
+
+        return hook
+
+    hooks = [(f"blocks.{l}.attn.hook_pattern", make_hook(l)) for l in range(n_layers)]
+    with _inference(model, gates):
+        model.run_with_hooks(batch.tokens, fwd_hooks=hooks, return_type=None)
+    if not all(fired):
+        raise ValueError("model: a hook_pattern hook did not fire during the forward pass")
+    return sums, batch.answer_mask.sum(1).to(torch.float64).cpu()
+
+
+def successor_mass(
     model,
     batch: Batch,
     *,
@@ -124,35 +178,31 @@ def successor_value_mass(
     ``1/(i+1)`` per position for a uniformly attending head with one source. An answer
     position with no marked source contributes 0 (the built-in tasks always mark one).
 
+    What it cannot tell: *why* a head attends there. A head that learned a positional
+    shortcut ("attend to t-14") scores as high as an induction head whenever the answer
+    sits at that offset (a fixed-span model scores 0.99 this way). To tell induction
+    from position, use the selectivity screens
+    (:func:`circuitfade.analysis.screens.capability_selectivity`,
+    ``circuitfade screen``), which compare each head on repeated vs matched control
+    sequences.
+
     ``gates``: an optional gate condition applied during the forward (see
     :func:`circuitfade.gating.evaluation.gate_condition`; ``None`` = as the model is). Works for
     any ``HookedTransformer`` with the standard ``hook_pattern`` hooks (gates other than
-    ``None``/``"normal"`` need a gated model).
+    ``None``/``"normal"`` need a gated model). A non-finite model gives NaN, not 0.
 
-    Returns a float32 CPU tensor ``[n_layers, n_heads]``. Raises ``ValueError`` if the
-    batch has no answer positions or the model lacks the hooks.
+    Returns a float32 CPU tensor ``[n_layers, n_heads]`` (intervals: see
+    :func:`head_diagnostics`). Raises ``ValueError`` if the batch has no answer
+    positions or the model lacks the hooks.
     """
-    n_layers, n_heads = _check_model(model, "hook_pattern")
-    batch = _check_batch(model, batch)
-    n_answers = float(batch.n_answers)
-    out = torch.full((n_layers, n_heads), float("nan"))
+    sums, counts = _successor_sums(model, batch, gates)
+    return (sums.sum(0) / counts.sum()).float()
 
-    def make_hook(layer: int):
-        def hook(pattern: Float[Tensor, "batch head query_pos key_pos"], hook) -> None:
-            dtype = torch.promote_types(pattern.dtype, torch.float32)
-            sources = batch.answer_sources.to(dtype)  # [batch, query_pos, key_pos]
-            mask = batch.answer_mask.to(dtype)  # [batch, query_pos]
-            mass = torch.einsum("bhqk,bqk->bhq", pattern.to(dtype), sources)  # [batch, head, query_pos]
-            out[layer] = (torch.einsum("bhq,bq->h", mass, mask) / n_answers).float().cpu()
 
-        return hook
-
-    hooks = [(f"blocks.{l}.attn.hook_pattern", make_hook(l)) for l in range(n_layers)]
-    with _inference(model, gates):
-        model.run_with_hooks(batch.tokens, fwd_hooks=hooks, return_type=None)
-    if torch.isnan(out).any():
-        raise ValueError("model: a hook_pattern hook did not fire during the forward pass")
-    return out
+successor_value_mass = successor_mass
+"""Former name of :func:`successor_mass` (same function; its metric name is ``successor_mass``)."""
+successor_mass.metric_inputs = ("model", "batch")
+successor_mass.metric_name = SUCCESSOR_MASS
 
 
 # ------------------------------------------------------------------- mean ablation
@@ -192,6 +242,33 @@ def mean_ablation_importance(
     Returns one row per head, sorted by layer then head, with columns ``layer, head,
     acc_drop, loss_increase, acc_clean, acc_ablated, loss_clean, loss_ablated``.
     """
+    rows, _ = _ablation(model, task, batch, gates, max_batch)
+    return pd.DataFrame(rows)
+
+
+def _scores(task: Task, logits: Tensor, batch: Batch) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """``(accuracy, loss, correct_b, ce_b)``: the task's pooled accuracy and loss (NaN if any
+    answer logit is non-finite) and per-example correct counts and cross-entropy sums
+    (NaN for an example with a non-finite answer logit)."""
+    mask = batch.answer_mask
+    finite_b = (torch.isfinite(logits).all(-1) | ~mask).all(-1)  # [batch]
+    acc = float(task.accuracy(logits, batch))
+    loss = float(task.loss(logits, batch))
+    if not bool(finite_b.all()):
+        acc = loss = float("nan")
+    counts = mask.sum(1).to(torch.float64)
+    correct = task.per_example_accuracy(logits, batch).to(torch.float64) * counts
+    ce = torch.zeros(mask.shape, dtype=torch.float64, device=logits.device)
+    ce[mask] = F.cross_entropy(logits[mask].double(), batch.targets[mask], reduction="none")
+    ce_b = ce.sum(1)
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=logits.device)
+    correct = torch.where(finite_b, correct, nan)
+    ce_b = torch.where(finite_b, ce_b, nan)
+    return acc, loss, correct.cpu().numpy(), ce_b.cpu().numpy()
+
+
+def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[dict], dict]:
+    """Rows of :func:`mean_ablation_importance` and the per-example arrays its intervals need."""
     n_layers, n_heads = _check_model(model, "hook_z")
     batch = _check_batch(model, batch)
     if not isinstance(task, Task):
@@ -220,12 +297,13 @@ def mean_ablation_importance(
         return hook
 
     rows = []
+    correct_abl = np.full((n_layers, n_heads, B), np.nan)
+    ce_abl = np.full((n_layers, n_heads, B), np.nan)
     with _inference(model, gates):
         logits = model.run_with_hooks(batch.tokens, fwd_hooks=[(n, save_mean(l)) for l, n in enumerate(names)])
         if len(means) != n_layers:
             raise ValueError("model: a hook_z hook did not fire during the forward pass")
-        acc_clean = float(task.accuracy(logits, batch))
-        loss_clean = float(task.loss(logits, batch))
+        acc_clean, loss_clean, correct_clean, ce_clean = _scores(task, logits, batch)
         for layer in range(n_layers):
             for start in range(0, n_heads, per_forward):
                 heads = list(range(start, min(start + per_forward, n_heads)))
@@ -233,8 +311,7 @@ def mean_ablation_importance(
                 logits = model.run_with_hooks(tokens, fwd_hooks=[(names[layer], ablate(layer, heads))])
                 logits = logits.view(len(heads), B, *logits.shape[1:])
                 for copy, h in enumerate(heads):
-                    acc = float(task.accuracy(logits[copy], batch))
-                    loss = float(task.loss(logits[copy], batch))
+                    acc, loss, correct_abl[layer, h], ce_abl[layer, h] = _scores(task, logits[copy], batch)
                     rows.append(
                         {
                             "layer": layer,
@@ -247,57 +324,71 @@ def mean_ablation_importance(
                             "loss_ablated": loss,
                         }
                     )
-    return pd.DataFrame(rows)
+    per_example = {
+        "counts": batch.answer_mask.sum(1).double().cpu().numpy(),
+        "acc_drop": (correct_clean[None, None, :] - correct_abl).transpose(2, 0, 1),  # [B, L, H]
+        "loss_increase": (ce_abl - ce_clean[None, None, :]).transpose(2, 0, 1),
+    }
+    return rows, per_example
 
 
-# --------------------------------------------------------------------- tidy frames
-def per_head_frame(tensor: Float[Tensor, "layer head"], metric: str) -> pd.DataFrame:
-    """A ``[layer, head]`` tensor as tidy rows with columns ``layer, head, metric, value``.
-
-    Rows are ordered layer-major (``L0H0, L0H1, ...``); ``value`` is float.
-    """
-    t = torch.as_tensor(tensor).detach()
-    if t.dim() != 2:
-        raise ValueError(f"tensor: expected shape [layer, head], got {tuple(t.shape)}")
-    if not isinstance(metric, str) or not metric:
-        raise ValueError(f"metric: expected a non-empty str, got {metric!r}")
-    L, H = t.shape
-    layer, head = torch.meshgrid(torch.arange(L), torch.arange(H), indexing="ij")
-    return pd.DataFrame(
-        {
-            "layer": layer.reshape(-1).numpy(),
-            "head": head.reshape(-1).numpy(),
-            "metric": metric,
-            "value": t.reshape(-1).double().cpu().numpy(),
-        }
-    )
-
-
+# --------------------------------------------------------------------- diagnostics
 def head_diagnostics(
     model,
     batch: Batch,
     task: Task,
     *,
     mass_gates: str | Mapping | None = None,
-    ablation_gates: str | Mapping | None = "zero",
+    ablation_gates: str | Mapping | None = "auto",
     max_batch: int | None = None,
+    resamples: int = DEFAULT_RESAMPLES,
+    level: float = DEFAULT_LEVEL,
 ) -> pd.DataFrame:
-    """Both Section 9 diagnostics as one tidy frame ``layer, head, metric, value``.
+    """Both Section 9 diagnostics as one tidy frame ``layer, head, metric, value, se, lo, hi, boot``.
 
     The argument order ``(model, batch, task)`` is the metric protocol of
     :func:`circuitfade.store.trace`, so ``trace(series, [head_diagnostics])`` gives a
     trace that :func:`circuitfade.analysis.timeline.consolidation_timeline` reads
     directly (the metric names below are kept).
 
-    Metrics: :data:`SUCCESSOR_MASS` (:func:`successor_value_mass` under ``mass_gates``,
+    Metrics: :data:`SUCCESSOR_MASS` (:func:`successor_mass` under ``mass_gates``,
     default: the gates as they are), :data:`ABLATION_IMPORTANCE` (``acc_drop`` of
-    :func:`mean_ablation_importance` under ``ablation_gates``, default ``"zero"``) and
-    :data:`ABLATION_LOSS_INCREASE` (its ``loss_increase``). For a model without gates
-    pass ``ablation_gates=None`` (otherwise :class:`NoGatesError`).
+    :func:`mean_ablation_importance` under ``ablation_gates``) and
+    :data:`ABLATION_LOSS_INCREASE` (its ``loss_increase``). ``ablation_gates="auto"``
+    (default): ``"zero"`` (the paper's zero-gate importance) for a gated model, the
+    model as it is for a plain ``HookedTransformer``, so every metric is computed on
+    any model.
+
+    Intervals: a nonparametric bootstrap over evaluation *examples* (``resamples``
+    resamples of the batch with replacement, :data:`BOOTSTRAP_SEED`; each estimate is
+    recomputed as the pooled ratio over the resampled examples' answer positions; the
+    ablation means are held at their full-batch values). ``se`` is the standard
+    deviation of the resampled estimates, ``lo``/``hi`` their ``level`` percentile
+    interval, ``boot`` the resampled values themselves (a float array per row; the same
+    resamples for every head and checkpoint). ``resamples=0`` skips them (NaN columns).
     """
-    mass = per_head_frame(successor_value_mass(model, batch, gates=mass_gates), SUCCESSOR_MASS)
-    abl = mean_ablation_importance(model, task, batch, gates=ablation_gates, max_batch=max_batch)
-    frames = [mass]
-    for column, metric in (("acc_drop", ABLATION_IMPORTANCE), ("loss_increase", ABLATION_LOSS_INCREASE)):
-        frames.append(abl[["layer", "head"]].assign(metric=metric, value=abl[column].astype(float)))
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 0:
+        raise ValueError(f"resamples: expected an int >= 0, got {resamples!r}")
+    ablation_gates = _auto_gates(model, ablation_gates)
+    sums, counts = _successor_sums(model, batch, mass_gates)
+    mass = (sums.sum(0) / counts.sum()).float()
+    rows, per_example = _ablation(model, task, batch, ablation_gates, max_batch)
+    abl = pd.DataFrame(rows)
+    L, H = mass.shape
+    values = {
+        SUCCESSOR_MASS: (mass.double().numpy(), sums.numpy(), counts.numpy()),
+        ABLATION_IMPORTANCE: (abl["acc_drop"].to_numpy().reshape(L, H), per_example["acc_drop"],
+                              per_example["counts"]),
+        ABLATION_LOSS_INCREASE: (abl["loss_increase"].to_numpy().reshape(L, H), per_example["loss_increase"],
+                                 per_example["counts"]),
+    }
+    weights = bootstrap_weights(len(counts), resamples, BOOTSTRAP_SEED) if resamples else None
+    frames = []
+    for name, (value, num, den) in values.items():
+        if weights is None:
+            frames.append(per_head_frame(value, name))
+            continue
+        boot = bootstrap_ratio(num, den, weights)  # [R, L, H]
+        se, lo, hi = _interval(boot, level)
+        frames.append(per_head_frame(value, name, se=se, lo=lo, hi=hi, boot=boot))
     return pd.concat(frames, ignore_index=True)

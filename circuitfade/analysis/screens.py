@@ -53,6 +53,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from circuitfade.store.tracing import per_head_frame
+
 SCORES = ("induction", "previous_token", "bos")
 """The three head classes, in the order used for labels."""
 
@@ -274,18 +276,11 @@ def bos_score(model, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer h
 
 
 def head_frame(values: Float[Tensor, "layer head"], metric: str) -> pd.DataFrame:
-    """A ``[layer, head]`` tensor as tidy rows ``(layer, head, metric, value)``."""
+    """A ``[layer, head]`` tensor as tidy rows ``(layer, head, metric, value)``
+    (:func:`circuitfade.store.tracing.per_head_frame`, the one helper)."""
     if not isinstance(values, Tensor) or values.ndim != 2:
         raise ValueError(f"values must be a [layer, head] tensor, got {getattr(values, 'shape', values)!r}")
-    n_layers, n_heads = values.shape
-    return pd.DataFrame(
-        {
-            "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
-            "head": torch.arange(n_heads).repeat(n_layers).numpy(),
-            "metric": metric,
-            "value": values.detach().double().cpu().reshape(-1).numpy(),
-        }
-    )
+    return per_head_frame(values, metric)
 
 
 def capability_selectivity(

@@ -24,7 +24,6 @@ local series and, with no download, on a small model grown here:
 from __future__ import annotations
 
 import argparse
-import html
 import sys
 import time
 from collections.abc import Mapping
@@ -49,9 +48,11 @@ from circuitfade.analysis.development import (
 from circuitfade.analysis.screens import CLASS_METRICS, DEFAULT_THRESHOLDS, SCORES
 from circuitfade.analysis.spectra import elevated_pr
 from circuitfade.io import check_outputs, default_output_dir, write_csv, write_text
-from circuitfade.store import CheckpointSeries, attach
+from circuitfade.store import CheckpointSeries, attach, head_label
 from circuitfade.store.revisions import sound_revisions
 from circuitfade.train.loop import RunConfig, TrainConfig, train
+from circuitfade.viz import plots
+from circuitfade.viz.html import Note, Section, page
 
 __all__ = [
     "LOCAL_STEPS",
@@ -318,7 +319,7 @@ def pr_figure(screen: pd.DataFrame, lead: pd.DataFrame | None = None, *, cls: st
     fig = go.Figure()
     for layer, head in heads:
         g = wide[(wide["layer"] == layer) & (wide["head"] == head)].sort_values("step")
-        name = f"L{layer}H{head}"
+        name = head_label(layer, head)
         x = [pos[s] for s in g["step"]]
         fig.add_trace(go.Scatter(x=x, y=g[pr_metric], mode="lines+markers", name=name, legendgroup=name,
                                  customdata=g["step"],
@@ -352,61 +353,55 @@ def figures(tables: Mapping[str, pd.DataFrame]) -> dict[str, go.Figure]:
     return out
 
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
-table.table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0 1.5em; }
-table.table th, table.table td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; }
-.note { color: #666; font-style: italic; }
-"""
-
-
-def _table(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}", border=0, classes="table")
-
-
 def _wide_fractions(fractions: pd.DataFrame) -> pd.DataFrame:
     w = fractions.pivot(index="step", columns="class", values="fraction").reset_index()
     w.columns.name = None
     return w[["step", *[c for c in SCORES if c in w.columns]]]
 
 
+def _wide_counts(fractions: pd.DataFrame) -> pd.DataFrame:
+    """Heads in each class per revision, as ``count`` columns plus ``of`` (heads screened)."""
+    w = fractions.pivot(index="step", columns="class", values="count").reset_index()
+    w.columns.name = None
+    w = w[["step", *[c for c in SCORES if c in w.columns]]]
+    return w.assign(of=fractions.groupby("step", sort=True)["n_heads"].first().to_numpy())
+
+
 def report_html(tables: Mapping[str, pd.DataFrame], *, meta: Mapping | None = None,
                 title: str = "circuitfade developmental screens") -> str:
-    """One self-contained HTML page (plotly.js embedded once) from :func:`run`'s tables."""
+    """One self-contained HTML page (:func:`circuitfade.viz.html.page`) from :func:`run`'s tables:
+    the figures first, then the tables (class membership as head counts)."""
     meta = dict(meta or {})
     screen = tables["screen"]
     steps = sorted(screen["step"].unique())
     skipped = tables["integrity"][tables["integrity"]["status"] != "ok"]
-    parts = [
-        "<!DOCTYPE html>", '<html><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>Source <code>{html.escape(str(meta.get('source', '?')))}</code>: {len(steps)} revisions screened "
-        f"(steps {steps[0]}&ndash;{steps[-1]}), {len(skipped)} skipped; {meta.get('n', '?')} sequences per "
-        f"screen input, BOS token {html.escape(str(meta.get('bos')))}; thresholds "
-        f"{html.escape(str(meta.get('thresholds', DEFAULT_THRESHOLDS)))}.</p>",
-        "<h2>Integrity</h2>", _table(tables["integrity"][["step", "source", "status"]]),
-        "<h2>Class fractions (whole model)</h2>", _table(_wide_fractions(tables["class_fractions"])),
-        "<h2>Emergence shape</h2>",
-        '<p class="note">sharp: the largest change between adjacent revisions is at least half of the net change '
-        "from the first to the last revision; flat: net change below 0.05.</p>",
-        _table(tables["emergence_shape"]),
-        "<h2>Layers that never have a head of a class</h2>",
-        _table(tables["zero_layers"][tables["zero_layers"]["zero_at_every_revision"]]),
-        "<h2>Convergence of the induction set to the final set</h2>",
-        _table(tables["convergence_summary"]), _table(tables["set_convergence"]),
-        "<h2>PR lead test (final induction heads)</h2>",
-        '<p class="note">elevated_by_cross: head-output PR elevated (above its earlier revisions\' mean by more '
-        "than 2 sd) at or before the first revision where induction selectivity crosses the threshold.</p>",
-        _table(tables["pr_lead"]) if len(tables["pr_lead"]) else "<p>No induction heads at the final revision.</p>",
-        "<h3>The same test for the final heads of every class</h3>", _table(tables["pr_lead_all"]),
-        "<h2>Figures</h2>",
+    intro = (f"Source {meta.get('source', '?')}: {len(steps)} revisions screened (steps {steps[0]}-{steps[-1]}), "
+             f"{len(skipped)} skipped; {meta.get('n', '?')} sequences per screen input, BOS token "
+             f"{meta.get('bos')}; thresholds {meta.get('thresholds', DEFAULT_THRESHOLDS)}.")
+    figs = figures(tables)
+    figs["fractions"] = plots.class_count_figure(tables["class_fractions"], tables.get("emergence_shape"))
+    for fig in figs.values():  # room for the colour-bar titles of the small heatmaps
+        fig.update_layout(height=max(int(fig.layout.height or 450), 420))
+    pr_lead = tables["pr_lead"]
+    sections = [
+        Section("Figures", list(figs.values())),
+        Section("Heads in each class (count per revision)", [_wide_counts(tables["class_fractions"])]),
+        Section("Emergence shape", [
+            Note("sharp: the largest change between adjacent revisions is at least half of the net change from "
+                 "the first to the last revision; flat: net change below 0.05."),
+            tables["emergence_shape"]]),
+        Section("Layers that never have a head of a class",
+                [tables["zero_layers"][tables["zero_layers"]["zero_at_every_revision"]]]),
+        Section("Convergence of the induction set to the final set",
+                [tables["convergence_summary"], tables["set_convergence"]]),
+        Section("PR lead test (final induction heads)", [
+            Note("elevated_by_cross: head-output PR elevated (above its earlier revisions' mean by more than 2 sd) "
+                 "at or before the first revision where induction selectivity crosses the threshold."),
+            pr_lead if len(pr_lead) else "No induction heads at the final revision."]),
+        Section("The same test for the final heads of every class", [tables["pr_lead_all"]], level=3),
+        Section("Integrity", [tables["integrity"][["step", "source", "status"]]]),
     ]
-    for i, fig in enumerate(figures(tables).values()):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0,
-                                 default_height=f"{fig.layout.height or 450}px"))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return page(title, sections, intro=intro)
 
 
 # --------------------------------------------------------------------------------------

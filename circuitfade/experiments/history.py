@@ -64,7 +64,9 @@ import torch
 from circuitfade.experiments.history_protocol import (BRANCHES, DIRECTIONS, MODEL, BranchPlan, HistoryConfig,
                                                       SeedResult, balanced_plan, behaviour, example_hashes, run_seed)
 from circuitfade.io import write_csv, write_json, write_text
+from circuitfade.stats import t_interval  # the one Student-t interval (re-exported here)
 from circuitfade.viz.history import history_figures
+from circuitfade.viz.html import Section, write_page
 
 __all__ = ["BRANCHES", "DIRECTIONS", "MODEL", "STUDY", "HistoryConfig", "BranchPlan", "balanced_plan",
            "example_hashes", "behaviour", "sign_flip_pvalue", "t_interval", "summarize", "run_seed", "summary_table",
@@ -97,37 +99,6 @@ def sign_flip_pvalue(values: Sequence[float]) -> float:
     signs = np.array(list(itertools.product((1.0, -1.0), repeat=x.size)))
     stats = np.abs(signs @ x) / x.size
     return float(np.mean(stats >= obs - 1e-12 * max(obs, 1e-300)))
-
-
-def _t_cdf(t: float, df: int) -> float:
-    # Student-t CDF by Simpson integration of the density on [0, |t|] (accurate to ~1e-10 here)
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-    n = 4000
-    a, h = abs(t), abs(t) / n
-    f = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
-    area = h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
-    return 0.5 + math.copysign(area, t)
-
-
-def _t_quantile(q: float, df: int) -> float:
-    lo, hi = 0.0, 1000.0
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _t_cdf(mid, df) < q else (lo, mid)
-    return (lo + hi) / 2
-
-
-def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """``(mean, lo, hi)``: Student-t interval ``mean ± t_{(1+level)/2, n-1} · sd / √n``
-    (``sd`` with ``n-1``); ``lo = hi = NaN`` for fewer than two finite values."""
-    x = np.asarray([float(v) for v in values if not math.isnan(float(v))])
-    if x.size == 0:
-        return (math.nan, math.nan, math.nan)
-    m = float(x.mean())
-    if x.size < 2:
-        return (m, math.nan, math.nan)
-    half = _t_quantile((1 + level) / 2, x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
-    return (m, m - half, m + half)
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
@@ -258,12 +229,7 @@ def figures(trace: pd.DataFrame, patching: pd.DataFrame, hc: HistoryConfig) -> d
 
 
 def _write_html(figs: dict, path: Path, title: str) -> None:
-    parts = [f"<html><head><meta charset='utf-8'><title>{title}</title></head><body><h1>{title}</h1>"]
-    for i, (name, fig) in enumerate(figs.items()):
-        parts.append(f"<h2>{name}</h2>")
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=True if i == 0 else False))
-    parts.append("</body></html>")
-    write_text(path, "\n".join(parts))
+    write_page(path, title, [Section(name, [fig]) for name, fig in figs.items()])
 
 
 QUICK = dict(anchor_steps=300, period=40, relax_steps=(0, 5, 20), relax_every=5, trace_every=5, eval_size=512,

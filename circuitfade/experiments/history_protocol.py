@@ -37,7 +37,7 @@ MODEL: dict = {
 }
 """The study's model: 2 layers, 4 heads, MLPs, ~72K parameters (73,248 here); no soft priors."""
 
-EVAL_SEED = 4_242_007
+from circuitfade.tasks import EVAL_SEED  # noqa: E402  the package's one evaluation seed
 
 
 

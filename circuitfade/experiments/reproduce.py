@@ -18,8 +18,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from circuitfade import stats
 from circuitfade.experiments import paper as P
 from circuitfade.io import check_outputs
+from circuitfade.tasks import make_task
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.train.loop import RunConfig
 from circuitfade.io import write_csv, write_text
@@ -50,104 +52,224 @@ EXPERIMENTS: dict[str, Experiment] = {
 
 def _final(results: pd.DataFrame, root, cfg: RunConfig, key: str) -> float:
     r = results[results.run == run_dir_for(root, cfg).name]
-    if r.empty or r.status.iloc[0] == "failed" or key not in r:
+    if r.empty or r.status.iloc[0] in ("failed", "missing") or key not in r:
         return float("nan")
     return float(r[key].iloc[0])
 
 
-def _mean(results, root, cfgs, key) -> tuple[float, int]:
-    vals = [v for v in (_final(results, root, c, key) for c in cfgs) if not np.isnan(v)]
-    return (float(np.mean(vals)) if vals else float("nan")), len(vals)
+ACC_CONDITIONS = ("acc_normal", "acc_zero", "acc_param", "acc_half")
+
+
+def _left_plateau(results, root, cfg: RunConfig, eval_n: int) -> bool | None:
+    """Did the run leave associative recall's initial plateau? (best accuracy over the
+    evaluation conditions has a Wilson lower bound above :data:`paper.PLATEAU_ACC`);
+    ``None`` for tasks without a plateau rule or runs without results."""
+    if cfg.task.get("name") != "assoc":
+        return None
+    vals = [_final(results, root, cfg, k) for k in ACC_CONDITIONS]
+    vals = [v for v in vals if not np.isnan(v)]
+    if not vals:
+        return None
+    return stats.wilson_interval(max(vals) * eval_n, eval_n)[0] > P.PLATEAU_ACC
+
+
+def _measure(results, root, cfgs, key, eval_n) -> P.Measure:
+    vals = [_final(results, root, c, key) for c in cfgs]
+    left = [x for x in (_left_plateau(results, root, c, eval_n) for c in cfgs) if x is not None]
+    return P.Measure.of([v for v in vals if not np.isnan(v)], proportion=not key.startswith(("mse", "query_mse")),
+                        eval_n=eval_n, left=sum(left) if left else None)
+
+
+# three-valued comparisons of intervals: True (holds for the whole interval), False
+# (fails for the whole interval), None (the interval straddles the bound: undecided)
+def _le(lo: float, hi: float, bound: float):
+    if np.isnan(lo) or np.isnan(hi):
+        return None
+    return True if hi <= bound else (False if lo > bound else None)
+
+
+def _ge(lo: float, hi: float, bound: float):
+    r = _le(-hi, -lo, -bound)
+    return r
+
+
+def _diff(a: P.Measure, b: P.Measure, scale: float = 1.0) -> tuple[float, float, float]:
+    """Normal 95% interval of ``a - scale * b`` (independent seeds)."""
+    d, lo, hi = stats.difference_interval(a.mean, a.se, scale * b.mean, scale * b.se)
+    return d, lo, hi
+
+
+def _all(*xs):
+    if any(x is False for x in xs):
+        return False
+    return True if all(x is True for x in xs) else None
+
+
+def _any(*xs):
+    if any(x is True for x in xs):
+        return True
+    return False if all(x is False for x in xs) else None
+
+
+def grade(full, part, have: bool, testable: bool = True) -> str:
+    """Verdict from three-valued rule outcomes (see :func:`verdicts`)."""
+    if not have:
+        return "not run"
+    if not testable:
+        return "not testable"
+    if full is True:
+        return "reproduced"
+    if part is True:
+        return "partly" if full is False else "partly (full rule undecided)"
+    if full is False and part is False:
+        return "not reproduced"
+    return "inconclusive"
 
 
 def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame | None) -> pd.DataFrame:
-    """Claim-by-claim verdicts from explicit rules on the measured means (rules in the table)."""
+    """Claim-by-claim verdicts from explicit rules on 95% intervals (rules in the table).
+
+    Every statistic is a :class:`~circuitfade.experiments.paper.Measure`: the mean over
+    seeds with a Student-t interval (one seed: the binomial/Wilson interval of its
+    evaluation). A rule "x ≤ c" holds if the whole interval of x is ≤ c, fails if the
+    whole interval is > c, and is undecided otherwise; a rule comparing two
+    measurements uses the normal interval of their difference. Verdicts: "reproduced"
+    (full rule holds), "partly" (the partial rule holds, the full rule fails), "partly
+    (full rule undecided)", "not reproduced" (both fail), "inconclusive" (undecided),
+    "not testable" (none of the claim's runs left the initial plateau,
+    :data:`paper.PLATEAU_ACC`), "not run".
+    """
     run = lambda path, s, **kw: P.run(path, s, b, **kw)  # noqa: E731
     S = list(seeds)
+    n_eval = b.eval_size
     fade, unf, fz = b.fade(), "unforced", "forced_zero"
-    m = lambda path, key="acc_zero", **kw: _mean(results, root, [run(path, s, **kw) for s in S], key)  # noqa: E731
+    lab = (lambda p: p) if b.label != "full" else (lambda p: {fade: "fade600->0"}.get(p, p))  # noqa: E731
+    m = lambda path, key="acc_zero", **kw: _measure(results, root, [run(path, s, **kw) for s in S], key, n_eval)  # noqa: E731
     rows = []
 
     def add(claim, statistic, value, rule, verdict):
-        rows.append({"claim": claim, "statistic": statistic, "ours": value, "rule": rule, "verdict": verdict})
+        rows.append({"claim": claim, "statistic": statistic, "ours (95% interval)": value, "rule": rule,
+                     "verdict": verdict})
 
-    def fmt(x):
-        return "—" if np.isnan(x[0]) else f"{x[0]:.3f} (n={x[1]})"
+    def testable(*ms: P.Measure) -> bool:
+        lefts = [x.left for x in ms if x.left is not None]
+        return not lefts or sum(lefts) > 0
 
-    def grade(ok_full, ok_part, have):
-        if not have:
-            return "not run"
-        return "reproduced" if ok_full else ("partly" if ok_part else "not reproduced")
+    def d_str(a, bb, scale=1.0):
+        d, lo, hi = _diff(a, bb, scale)
+        return "—" if np.isnan(d) else f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
     un_z, un_n = m(unf), m(unf, "acc_normal")
-    add("unforced collapses at zero gate", "unforced acc: zero-gate / normal", f"{fmt(un_z)} / {fmt(un_n)}",
-        "zero ≤ .20 and normal ≥ .70 (partly: zero ≤ normal − .30)",
-        grade(un_z[0] <= .2 and un_n[0] >= .7, un_z[0] <= un_n[0] - .3, un_z[1] > 0))
+    add(f"unforced collapses at zero gate", "unforced acc: zero-gate / normal", f"{un_z} / {un_n}",
+        "zero ≤ .20 and normal ≥ .70 (partly: zero − normal ≤ −.30)",
+        grade(_all(_le(un_z.lo, un_z.hi, .2), _ge(un_n.lo, un_n.hi, .7)), _le(*_diff(un_z, un_n)[1:], -.3),
+              un_z.n > 0, testable(un_z, un_n)))
     fz_z, fa_z = m(fz), m(fade)
-    add("forced_zero fails", "forced_zero zero-gate acc (vs fade600->0)", f"{fmt(fz_z)} (fade {fmt(fa_z)})",
-        "≤ .20 (partly: ≤ fade − .20)", grade(fz_z[0] <= .2, fz_z[0] <= fa_z[0] - .2, fz_z[1] > 0))
-    add("fade600->0 keeps zero-gate accuracy", "fade zero-gate acc, and margin over forced_zero",
-        f"{fmt(fa_z)}; margin {fa_z[0] - fz_z[0]:+.3f}", "≥ .60 and ≥ forced_zero + .20 (partly: ≥ .60)",
-        grade(fa_z[0] >= .6 and fa_z[0] >= fz_z[0] + .2, fa_z[0] >= .6, fa_z[1] > 0))
+    add("forced_zero fails", f"forced_zero zero-gate acc; minus {lab(fade)}", f"{fz_z}; {d_str(fz_z, fa_z)}",
+        "≤ .20 (partly: difference ≤ −.20)",
+        grade(_le(fz_z.lo, fz_z.hi, .2), _le(*_diff(fz_z, fa_z)[1:], -.2), fz_z.n > 0, testable(fz_z, fa_z)))
+    add(f"{lab(fade)} keeps zero-gate accuracy", "fade zero-gate acc; minus forced_zero",
+        f"{fa_z}; {d_str(fa_z, fz_z)}", "≥ .60 and difference ≥ .20 (partly: ≥ .60)",
+        grade(_all(_ge(fa_z.lo, fa_z.hi, .6), _ge(*_diff(fa_z, fz_z)[1:], .2)), _ge(fa_z.lo, fa_z.hi, .6),
+              fa_z.n > 0, testable(fa_z)))
     sw = m(b.switch(1050))
-    add("hard switch at 1050 falls short", "switch@1050 zero-gate acc vs fade", f"{fmt(sw)} vs {fmt(fa_z)}",
-        "≤ fade − .20 (partly: ≤ fade − .05)", grade(sw[0] <= fa_z[0] - .2, sw[0] <= fa_z[0] - .05, sw[1] > 0))
-    ph = _mean(results, root, [P.posthoc_config(root, s, b) for s in S], "acc_zero")
-    add("post hoc continuation falls short", "posthoc zero-gate acc vs fade", f"{fmt(ph)} vs {fmt(fa_z)}",
-        "≤ fade − .20 (partly: ≤ fade − .05)", grade(ph[0] <= fa_z[0] - .2, ph[0] <= fa_z[0] - .05, ph[1] > 0))
+    add(f"hard switch at {b.switch(1050)[7:]} falls short", f"{b.switch(1050)} zero-gate acc; minus fade",
+        f"{sw}; {d_str(sw, fa_z)}", "difference ≤ −.20 (partly: ≤ −.05)",
+        grade(_le(*_diff(sw, fa_z)[1:], -.2), _le(*_diff(sw, fa_z)[1:], -.05), sw.n > 0, testable(sw, fa_z)))
+    ph = _measure(results, root, [P.posthoc_config(root, s, b) for s in S], "acc_zero", n_eval)
+    add("post hoc continuation falls short", "posthoc zero-gate acc; minus fade", f"{ph}; {d_str(ph, fa_z)}",
+        "difference ≤ −.20 (partly: ≤ −.05)",
+        grade(_le(*_diff(ph, fa_z)[1:], -.2), _le(*_diff(ph, fa_z)[1:], -.05), ph.n > 0, testable(ph, fa_z)))
     starts = [m(b.fade(st)) for st in (400, 500, 600, 700, 800)]
-    have = all(x[1] > 0 for x in starts)
-    vals = [x[0] for x in starts]
-    add("robust to fade start (400–800)", "zero-gate acc per start", ", ".join(f"{v:.3f}" for v in vals) if have else "—",
-        "all ≥ .60 and spread ≤ .10, and each ≥ forced_zero + .20 (partly: first two)",
-        grade(have and min(vals) >= .6 and max(vals) - min(vals) <= .1 and min(vals) >= fz_z[0] + .2,
-              have and min(vals) >= .6 and max(vals) - min(vals) <= .1, have))
+    have = all(x.n > 0 for x in starts)
+    if have:
+        spread_ok = _le(*_spread(starts)[1:], .10)
+        each = _all(*[_ge(x.lo, x.hi, .6) for x in starts])
+        margin = _all(*[_ge(*_diff(x, fz_z)[1:], .2) for x in starts])
+        full, part = _all(each, spread_ok, margin), _all(each, spread_ok)
+    else:
+        full = part = None
+    add("robust to fade start (400–800)", "zero-gate acc per start",
+        ", ".join(f"{x.mean:.3f} [{x.lo:.3f}, {x.hi:.3f}]" for x in starts) if have else "—",
+        "each ≥ .60, max − min ≤ .10 (interval of the spread), each − forced_zero ≥ .20 (partly: first two)",
+        grade(full, part, have, testable(*starts)))
     shapes = {sh: m(b.fade(shape=sh)) for sh in ("cosine", "convex")}
     two = m(b.twostep())
-    have = two[1] > 0 and all(x[1] > 0 for x in shapes.values())
-    smooth = [fa_z[0]] + [x[0] for x in shapes.values()]
+    have = two.n > 0 and all(x.n > 0 for x in shapes.values())
+    smooth = [fa_z] + list(shapes.values())
+    if have:
+        sm_ok = _all(*[_ge(x.lo, x.hi, .6) for x in smooth])
+        worst = min(smooth, key=lambda x: x.mean)
+        full, part = _all(sm_ok, _le(*_diff(two, worst)[1:], -.2)), sm_ok
+    else:
+        full = part = None
     add("smooth shapes work, two-step does not", "linear/cosine/convex vs two-step zero-gate acc",
-        f"{', '.join(f'{v:.3f}' for v in smooth)} vs {two[0]:.3f}" if have else "—",
-        "smooth ≥ .60 and two-step ≤ min(smooth) − .20 (partly: smooth ≥ .60)",
-        grade(have and min(smooth) >= .6 and two[0] <= min(smooth) - .2, have and min(smooth) >= .6, have))
+        f"{', '.join(f'{x.mean:.3f}' for x in smooth)} vs {two}" if have else "—",
+        "each smooth ≥ .60 and two-step − worst smooth ≤ −.20 (partly: smooth ≥ .60)",
+        grade(full, part, have, testable(*smooth, two)))
     mk = {p: (m(fade, task={"name": "markov", "p": p}), m(unf, task={"name": "markov", "p": p}),
               m(fz, task={"name": "markov", "p": p})) for p in (0.2, 0.5, 0.8)}
-    have = all(v[0][1] > 0 for v in mk.values())
-    txt = "; ".join(f"p={p}: fade {v[0][0]:.3f}, unforced {v[1][0]:.3f}, forced_zero {v[2][0]:.3f}" for p, v in mk.items()) if have else "—"
-    full = have and all(v[0][0] >= v[1][0] + .2 and v[0][0] >= v[2][0] + .2 for v in mk.values())
-    part = have and any(v[0][0] >= v[1][0] + .2 for v in mk.values())
+    have = all(v[0].n > 0 for v in mk.values())
+    txt = "; ".join(f"p={p}: fade {v[0].mean:.3f}, unforced {v[1].mean:.3f}, forced_zero {v[2].mean:.3f}"
+                    f" (n={v[0].n})" for p, v in mk.items()) if have else "—"
+    full = _all(*[_all(_ge(*_diff(f, u)[1:], .2), _ge(*_diff(f, z)[1:], .2)) for f, u, z in mk.values()]) if have else None
+    part = _any(*[_ge(*_diff(f, u)[1:], .2) for f, u, z in mk.values()]) if have else None
     add("Markov induction replicates the pattern", "zero-gate acc per p", txt,
-        "fade ≥ unforced + .20 and ≥ forced_zero + .20 at every p (partly: fade ≥ unforced + .20 at some p)",
+        "fade − unforced ≥ .20 and fade − forced_zero ≥ .20 at every p (partly: fade − unforced ≥ .20 at some p)",
         grade(full, part, have))
     lt = {p: m(p, "mse_zero", task={"name": "linreg"}) for p in (unf, fz, fade)}
     un_norm = m(unf, "mse_normal", task={"name": "linreg"})
-    have = all(v[1] > 0 for v in lt.values())
+    have = all(v.n > 0 for v in lt.values())
+    full = _all(_le(*_diff(lt[fz], lt[fade], 1.5)[1:], 0.0), _ge(*_diff(lt[unf], un_norm, 1.5)[1:], 0.0)) if have else None
+    part = _le(*_diff(lt[fz], lt[fade], 1.5)[1:], 0.0) if have else None
     add("linear ICL is the boundary (forced_zero learns it; unforced degrades at zero gate)",
         "zero-gate MSE unforced / forced_zero / fade; unforced normal MSE",
-        (f"{lt[unf][0]:.4f} / {lt[fz][0]:.4f} / {lt[fade][0]:.4f}; {un_norm[0]:.4f}") if have else "—",
-        "forced_zero ≤ 1.5 × fade and unforced zero > 1.5 × unforced normal (partly: first)",
-        grade(have and lt[fz][0] <= 1.5 * lt[fade][0] and lt[unf][0] > 1.5 * un_norm[0],
-              have and lt[fz][0] <= 1.5 * lt[fade][0], have))
-    if mech is not None and len(mech) and "both after gate 0" in mech:
-        after = mech["both after gate 0"].astype("boolean")
-        add("consolidation happens after the gate reaches zero", "seeds whose first crossings (succ ≥ .25, abl ≥ .03) come after g=0",
-            f"{int(after.fillna(False).sum())}/{len(mech)}", "all seeds (partly: some)",
-            grade(bool(after.fillna(False).all()), bool(after.fillna(False).any()), True))
+        (f"{lt[unf]} / {lt[fz]} / {lt[fade]}; {un_norm}") if have else "—",
+        "forced_zero − 1.5 × fade ≤ 0 and unforced zero − 1.5 × unforced normal > 0 (partly: first)",
+        grade(full, part, have))
+    if mech is not None and len(mech) and "both after gate 0 (sets)" in mech:
+        counts = [tuple(int(x) for x in str(v).split("/")) for v in mech["both after gate 0 (sets)"]]
+        before = [str(v) for v in mech["both before gate 0 (sets)"]]
+        add("consolidation happens after the gate reaches zero",
+            "per seed: evaluation sets on which both first crossings (succ ≥ .25, abl ≥ .03) come after g=0 "
+            "(before g=0)",
+            ", ".join(f"seed {s}: {k}/{K} ({bf})" for s, (k, K), bf in zip(mech["seed"], counts, before)),
+            "after g=0 on every set of every seed (partly: on some set of some seed)",
+            grade(all(k == K for k, K in counts), any(k > 0 for k, _ in counts), True))
     else:
         add("consolidation happens after the gate reaches zero", "—", "—", "—", "not run")
     return pd.DataFrame(rows)
 
 
-def collect(cfgs: list[RunConfig], root: Path) -> pd.DataFrame:
-    """Results of already-finished runs (no training); unfinished ones are marked "missing"."""
+def _spread(ms: list[P.Measure]) -> tuple[float, float, float]:
+    """``max - min`` of the means with a conservative interval (the extreme pair's difference interval)."""
+    hi_m, lo_m = max(ms, key=lambda x: x.mean), min(ms, key=lambda x: x.mean)
+    return _diff(hi_m, lo_m)
+
+
+def collect(cfgs: list[RunConfig], root: Path, recorded: pd.DataFrame | None = None,
+            runs_dir: Path | None = None) -> pd.DataFrame:
+    """Results of already-finished runs (no training).
+
+    A run's final metrics come from its ``done.json`` (in ``runs_dir`` if given, else
+    ``root``); failing that from ``recorded`` (a previous ``results_runs.csv``, status
+    ``"recorded"``: the run folder is gone but its final metrics were kept); otherwise
+    the run is marked ``"missing"``.
+    """
     import json
 
+    rec = {} if recorded is None or "run" not in recorded else {r["run"]: r for r in recorded.to_dict("records")}
     rows = []
     for c in cfgs:
         d = run_dir_for(root, c)
-        base = {"run": d.name, "run_dir": str(d), "path": c.path, "seed": c.seed, "task": c.task["name"]}
-        if (d / "done.json").is_file():
-            rows.append({**base, "status": "cached", "error": None, **json.loads((d / "done.json").read_text())["final"]})
+        src = run_dir_for(runs_dir, c) if runs_dir is not None else d
+        base = {"run": d.name, "run_dir": str(src if (src / "done.json").is_file() else d), "path": c.path,
+                "seed": c.seed, "task": c.task["name"]}
+        if (src / "done.json").is_file():
+            rows.append({**base, "status": "cached", "error": None, **json.loads((src / "done.json").read_text())["final"]})
+        elif d.name in rec and rec[d.name].get("status") in ("cached", "done", "recorded"):
+            kept = {k: v for k, v in rec[d.name].items() if k not in base and k not in ("status", "error")}
+            rows.append({**base, "status": "recorded", "error": None, **kept})
         else:
             rows.append({**base, "status": "missing", "error": "not trained (tables-only run)"})
     return pd.DataFrame(rows).drop_duplicates("run")
@@ -156,8 +278,13 @@ def collect(cfgs: list[RunConfig], root: Path) -> pd.DataFrame:
 def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", executor: str = "local",
               workers: int | None = None, address: str | None = None, quick: bool = False,
               large_seeds: int = 1, progress: bool = True, seeds_for: dict | None = None,
-              train: bool = True) -> dict:
+              train: bool = True, runs_dir: str | Path | None = None) -> dict:
     """Run (or, with ``train=False``, only tabulate) the named experiments.
+
+    Tables-only (``train=False``) reads finished runs from ``runs_dir`` (default
+    ``OUT/runs``) and, for runs whose folders are gone, the final metrics recorded in
+    ``OUT/results_runs.csv``; tables that need checkpoints (mechanism, interventions)
+    use the run folders that exist.
 
     ``seeds`` seeds (0..seeds-1) per experiment unless ``seeds_for={name: n}`` says
     otherwise; the large-model rows of "paths" use the first ``large_seeds``.
@@ -170,7 +297,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
         raise ValueError("--seeds must be >= 1")
     b = P.QUICK if quick else P.FULL
     out = Path(out)
-    root = out / "runs"
+    root = Path(runs_dir) if runs_dir is not None else out / "runs"
     seeds_for = dict(seeds_for or {})
     bad = [k for k in seeds_for if k not in EXPERIMENTS]
     if bad:
@@ -188,9 +315,13 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
     if train:
         results = run_sweep(cfgs, root, executor=executor, workers=workers, address=address, progress=progress)
     else:
-        results = collect(cfgs, root)
+        recorded = pd.read_csv(out / "results_runs.csv") if (out / "results_runs.csv").is_file() else None
+        results = collect(cfgs, out / "runs", recorded, runs_dir=root)
     train_s = time.time() - t0
-    write_csv(out / "results_runs.csv", results.drop(columns=["config"], errors="ignore"))
+    recorded_runs = results.drop(columns=["config"], errors="ignore").copy()
+    if not train:  # where the run lives in OUT's layout, whichever folder it was read from
+        recorded_runs["run_dir"] = [str(out / "runs" / r) for r in recorded_runs["run"]]
+    write_csv(out / "results_runs.csv", recorded_runs)
     sections, tables = [], {}
     mech = None
     for n in names:
@@ -198,29 +329,42 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
         t1 = time.time()
         if n == "paths":
             df, md = e.table(results, root, b, S_of[n], large_seeds)
+        elif n == "mechanism":
+            df, md = e.table(results, root, b, S_of[n], out_dir=out)
         else:
             df, md = e.table(results, root, b, S_of[n])
         tables[n] = df
         if n == "mechanism":
             mech = df
         write_csv(out / f"table_{n}.csv", df)
-        sections.append(f"## {e.title}\n\n{md}\n\n_(table built in {time.time() - t1:.0f} s)_\n")
+        sections.append(f"## {e.title}\n\n{md}\n\n_({P.eval_note(b)}; table built in {time.time() - t1:.0f} s)_\n")
     v = verdicts(results, root, b, S, mech)  # rules use the main seed list; missing runs are skipped
     tables["verdicts"] = v
     failed = results[results.status == "failed"]
+    quick_note = (f" — QUICK MODE ({b.steps} steps; not comparable to the paper: rows are labelled with the paths "
+                  "actually trained, and no paper numbers are shown)") if quick else ""
     head = [
-        "# circuitfade: reproduction of the main paper" + (" — QUICK MODE (360 steps; not comparable to the paper)" if quick else ""),
+        "# circuitfade: reproduction of the main paper" + quick_note,
         "",
         f"Command: `circuitfade reproduce {' '.join(names)} --seeds {seeds} --out {out}"
-        + (" --quick" if quick else "") + "".join(f" --seeds-for {k}={v}" for k, v in seeds_for.items())
+        + (" --quick" if quick else "") + (" --tables-only" if not train else "")
+        + (f" --runs {runs_dir}" if runs_dir is not None else "")
+        + "".join(f" --seeds-for {k}={v}" for k, v in seeds_for.items())
         + f"` (seeds per experiment: {', '.join(f'{n} {len(S_of[n])}' for n in names)}; large model seeds {S[:large_seeds]}).",
         f"Runs: {len(results)} ({int((results.status == 'done').sum())} trained now, "
-        f"{int((results.status == 'cached').sum())} reused, {int((results.status == 'missing').sum())} not trained, "
+        f"{int((results.status == 'cached').sum())} reused, "
+        f"{int((results.status == 'recorded').sum())} from the recorded results_runs.csv (folders gone), "
+        f"{int((results.status == 'missing').sum())} not trained, "
         f"{len(failed)} failed); sweep wall time {train_s / 60:.1f} min.",
         "",
-        "Columns: *zero-gate* = every prior's gate at 0; *normal* = gates as at the final step (0 for every "
-        "fade/linear/switch path, so normal = zero-gate there); *param* = sigmoid(gate logit) (for fixed/scheduled "
-        "gates the initial 0.5); *g=0.5* = all gates at 0.5. Mean ± sd over seeds.",
+        f"Evaluation: {P.eval_note(b)}. Columns: *zero-gate* = every prior's gate at 0; *normal* = gates as at the "
+        "final step (0 for every fade/linear/switch path, so normal = zero-gate there); *param* = sigmoid(gate logit) "
+        "(for fixed/scheduled gates the initial 0.5); *g=0.5* = all gates at 0.5.",
+        "",
+        "Cells: mean over seeds with its 95% interval `[lo, hi]` (Student t over the seeds; `sd` = across-seed "
+        "standard deviation). With one seed (`n=1, eval only`) the interval is the Wilson interval of that run's "
+        f"accuracy on its {b.eval_size} evaluation examples: it covers evaluation noise only, not seed-to-seed "
+        "variation. Verdicts compare these intervals (rules in the verdict table).",
         "",
     ]
     if len(failed):
@@ -244,7 +388,7 @@ def _write_html(out: Path, results: pd.DataFrame, root: Path) -> None:
         if not (d / "metrics.csv").is_file():
             continue
         mt = pd.read_csv(d / "metrics.csv")
-        key = "acc" if "acc_zero" in mt else "mse"
+        key = make_task(task).primary_metric.column  # acc for token tasks, mse for regression
         fig = go.Figure()
         for cond in ("normal", "zero"):
             if f"{key}_{cond}" in mt:
@@ -252,12 +396,12 @@ def _write_html(out: Path, results: pd.DataFrame, root: Path) -> None:
         if "gate_pos" in mt:
             fig.add_scatter(x=mt.step, y=mt.gate_pos, name="gate (pos, mean)", yaxis="y2", line={"dash": "dot"})
         fig.update_layout(title=f"{task} / {path} / {d.name}", xaxis_title="training step",
-                          yaxis_title="accuracy" if key == "acc" else "MSE",
+                          yaxis_title=make_task(task).primary_metric.name,
                           yaxis2={"title": "gate value", "overlaying": "y", "side": "right", "range": [0, 1]})
         figs.append(fig)
-    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
-    write_text(out / "report.html", "<html><head><meta charset='utf-8'><title>circuitfade reproduce</title></head>"
-               "<body><h1>Training curves</h1>" + "\n".join(parts) + "</body></html>")
+    from circuitfade.viz.html import Section, write_page
+
+    write_page(out / "report.html", "circuitfade reproduce", [Section("Training curves", figs)])
 
 
 DEFAULT_OUT = "runs/reproduce"
@@ -277,7 +421,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int)
     ap.add_argument("--quick", action="store_true", help="360-step runs: minutes, for trying it out / CI")
     ap.add_argument("--seeds-for", action="append", default=[], metavar="EXP=N", help="per-experiment seed count")
-    ap.add_argument("--tables-only", action="store_true", help="do not train: tabulate the runs already in OUT")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="do not train: tabulate the runs in OUT/runs (or --runs), else OUT/results_runs.csv")
+    ap.add_argument("--runs", metavar="DIR", help="where the run folders are (default OUT/runs)")
     ns = ap.parse_args(argv)
     seeds_for = {}
     for item in ns.seeds_for:
@@ -291,6 +437,6 @@ def main(argv=None) -> int:
                    *(out / f"table_{n}.csv" for n in names)], force=ns.force)  # before any training
     res = reproduce(ns.experiments, seeds=ns.seeds, out=ns.out, executor=ns.executor, workers=ns.workers,
                     address=ns.address, quick=ns.quick, large_seeds=ns.large_seeds, seeds_for=seeds_for,
-                    train=not ns.tables_only)
+                    train=not ns.tables_only, runs_dir=ns.runs)
     print(res["markdown"])
     return 0

@@ -287,7 +287,10 @@ def tidy_results(entries: Sequence[Entry], sweep: pd.DataFrame, root: str | Path
 
 
 def _metric_kind(task: str) -> str:
-    return "mse" if task == "linreg" else "acc"
+    """The task's primary metric column prefix (``Task.primary_metric``): ``acc`` or ``mse``."""
+    from circuitfade.tasks import make_task
+
+    return make_task(task).primary_metric.column
 
 
 def _agg(df: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:

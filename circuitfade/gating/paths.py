@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from circuitfade.gating.schedules import (DEFAULT_TOTAL_STEPS, SCHEDULES, Constant, Form, Grammar, Schedule, Switch,
                                           as_step, format_schedule, schedule_context)
-from circuitfade.model.transformer import GATE_MODES
+from circuitfade.model.files import GATE_MODES
 
 __all__ = ["DEFAULT_POSTHOC_STEPS", "GATE_MODES", "PAPER_PATHS", "NAMED_PATHS", "PATHS", "GatePath", "parse_path",
            "gate_path_names"]

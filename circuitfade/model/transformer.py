@@ -47,7 +47,6 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
 
 import torch
@@ -62,15 +61,11 @@ from transformer_lens.utilities import lm_cross_entropy_loss
 
 from circuitfade import __version__
 from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read_json, save_tensors, write_json
+from circuitfade.model.files import CONFIG_FILE, GATE_MODES, LARGE_OVERRIDES, WEIGHTS_FILE
 from circuitfade.model.priors import PRIORS, PriorInputs, build_prior
 
 __all__ = ["SoftPriorConfig", "SoftPriorTransformer", "GATE_MODES", "LARGE_OVERRIDES"]
 
-GATE_MODES = ("learned", "fixed", "scheduled")
-LARGE_OVERRIDES = MappingProxyType({"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4})
-"""The paper's larger model as overrides of the base config (the JSON form a run config's ``model`` takes)."""
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 _SUPPORTED_POS = ("none", "standard", "rotary", "shortformer")
 
 

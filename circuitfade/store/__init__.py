@@ -12,7 +12,7 @@ for, so iterating holds one model in memory at a time::
 
     for step, model in series.range(0, 1200):   # eval-mode models, loaded one by one
         ...
-    df = trace(series, {"loss": loss_fn, "prev": prev_token_scores}, task)
+    df = trace(series, {"loss": loss_fn, "prev": metric(prev_token_score, inputs=("model", "batch"))}, task)
 
 Source kinds :func:`attach` accepts (dispatched in this order, each to its own
 constructor: :func:`from_run`, :func:`from_hf`, :func:`from_state_dicts`,
@@ -46,7 +46,7 @@ snapshot is loaded. Nothing here touches the network: Hugging Face folders are
 read with ``local_files_only=True`` and a hub id is never passed anywhere.
 
 :func:`trace` maps metric functions over a series into one tidy DataFrame with
-columns ``step, layer, head, metric, value, note`` plus the series metadata
+columns ``step, layer, head, metric, value, se, lo, hi, note`` plus the series metadata
 (``run, run_dir, path, seed, task`` for circuitfade runs).
 """
 
@@ -56,7 +56,19 @@ from .hf import SUPPORTED_HF_ARCHITECTURES, load_hf_local
 from .runs import is_run_dir, open_run
 from .series import CheckpointSeries, Snapshot
 from .sources import WEIGHT_SUFFIXES, attach, from_hf, from_models, from_run, from_state_dicts
-from .tracing import TRACE_COLUMNS, MetricOutput, NoGates, NoGatesError, PerHead, trace
+from .tracing import (
+    INTERVAL_COLUMNS,
+    TRACE_COLUMNS,
+    Metric,
+    MetricOutput,
+    NoGates,
+    NoGatesError,
+    PerHead,
+    head_label,
+    metric,
+    per_head_frame,
+    trace,
+)
 
 __all__ = [
     "Snapshot",
@@ -75,6 +87,11 @@ __all__ = [
     "WEIGHT_SUFFIXES",
     "trace",
     "TRACE_COLUMNS",
+    "INTERVAL_COLUMNS",
+    "Metric",
+    "metric",
+    "head_label",
+    "per_head_frame",
     "PerHead",
     "MetricOutput",
 ]

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-from transformer_lens import HookedTransformer
 
+from circuitfade import compat
 from circuitfade.io import CheckpointError
 
 from .runs import _RUN_KEYS, _read_config_json
@@ -60,8 +56,8 @@ def load_hf_local(
     process: bool = False,
     dtype: torch.dtype = torch.float32,
     tokenizer=None,
-) -> HookedTransformer:
-    """A ``HookedTransformer`` from a local ``transformers`` model directory, offline.
+) -> nn.Module:
+    """A TransformerLens model from a local ``transformers`` model directory, offline.
 
     ``model_dir`` holds ``config.json`` and weights written by ``save_pretrained``
     (e.g. one Pythia revision). Steps: ``AutoModelForCausalLM.from_pretrained(model_dir,
@@ -70,7 +66,10 @@ def load_hf_local(
     ``config.json`` in a neutral temporary folder (TL picks some architectures by
     substrings of the *name*, such as "llama", so the real path is never shown to it)
     and its weight converter (``get_pretrained_state_dict(..., hf_model=...)``,
-    e.g. ``convert_neox_weights``); then ``load_and_process_state_dict``.
+    e.g. ``convert_neox_weights``); then ``load_and_process_state_dict``. That gives
+    a ``HookedTransformer`` on TransformerLens 3; on TransformerLens 4 the loaded model
+    is wrapped by ``TransformerBridge.boot_transformers(model_dir, hf_model=...)`` in
+    compatibility mode instead (same hook names; see :func:`circuitfade.compat.model_from_hf`).
 
     ``process=False`` (default) keeps the weights as trained (the
     ``from_pretrained_no_processing`` convention: logits equal the HF model's);
@@ -91,52 +90,24 @@ def load_hf_local(
     arch = _check_hf_dir(model_dir, d)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformer_lens import loading_from_pretrained as tl_loading
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(f"loading {model_dir} needs the 'transformers' package: {e}") from None
 
-    try:
-        hf = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=dtype)
-    except Exception as e:
-        raise CheckpointError(f"{model_dir}: transformers could not load the model: {e}") from None
-    hf.eval()
-    tmp = Path(tempfile.mkdtemp(prefix="circuitfade_hf_"))
-    try:
-        neutral = tmp / "model"
-        neutral.mkdir()
-        neutral_cfg = dict(d)
-        if arch == "GPT2LMHeadModel" and "n_ctx" not in neutral_cfg:
-            # transformers >= 5 no longer writes GPT-2's n_ctx; TL reads it (== n_positions)
-            neutral_cfg["n_ctx"] = neutral_cfg.get("n_positions", 1024)
-        (neutral / "config.json").write_text(json.dumps(neutral_cfg))
-        cfg = tl_loading.get_pretrained_model_config(
-            str(neutral), hf_cfg=hf.config.to_dict(), fold_ln=process, device=device, dtype=dtype,
-            local_files_only=True,
-        )
-        if cfg.original_architecture != arch:
-            raise CheckpointError(
-                f"{model_dir}: TransformerLens read architecture {cfg.original_architecture!r}, config says {arch!r}"
-            )
-        cfg.model_name = model_dir.name
-        cfg.tokenizer_name = None
-        with torch.no_grad():
-            sd = tl_loading.get_pretrained_state_dict(str(neutral), cfg, hf, dtype=dtype)
-            sd = {k: v.detach().clone() for k, v in sd.items()}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    del hf
     if tokenizer is None and any((model_dir / t).is_file() for t in _HF_TOKENIZER_FILES):
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         except Exception as e:
             raise CheckpointError(f"{model_dir}: tokenizer files present but unreadable: {e}") from None
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
-        model = HookedTransformer(cfg, tokenizer, move_to_device=True)
-    model.load_and_process_state_dict(
-        sd, fold_ln=process, center_writing_weights=process, center_unembed=process, fold_value_biases=process,
-    )
-    return model.eval()
+
+    def load_hf() -> nn.Module:
+        try:
+            hf = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=dtype)
+        except Exception as e:
+            raise CheckpointError(f"{model_dir}: transformers could not load the model: {e}") from None
+        return hf.eval()
+
+    return compat.model_from_hf(load_hf, model_dir, d, arch, device=device, dtype=dtype, process=process,
+                                tokenizer=tokenizer)
 
 
 def _hf_series(dirs: list[Path], steps: list[int], device, metadata, source: str) -> CheckpointSeries:

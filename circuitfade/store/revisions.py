@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from circuitfade import compat
 from circuitfade.io import CheckpointError, load_tensors
 from circuitfade.store import WEIGHT_SUFFIXES, CheckpointSeries, Snapshot, attach
 
@@ -243,7 +244,9 @@ def load_revision(
       ``allenai/OLMoE-1B-7B-0924``), then ``enable_compatibility_mode(no_processing=
       not process)`` for HookedTransformer-style hook names.
     * ``backend="auto"``: ``"hooked"`` if ``model_name`` is one of TransformerLens's
-      official model names, else ``"bridge"``.
+      official model names, else ``"bridge"`` (always ``"bridge"`` on TransformerLens 4,
+      which has no ``HookedTransformer``; ``"hooked"`` there raises
+      :class:`~circuitfade.compat.TLLineError`).
 
     ``process=False`` keeps the trained weights (no LayerNorm folding or centering),
     as :func:`~circuitfade.store.load_hf_local` does: attention patterns are the same
@@ -255,27 +258,8 @@ def load_revision(
     rev = parse_revision(revision)
     if backend not in ("auto", "hooked", "bridge"):
         raise ValueError(f"backend must be 'auto', 'hooked' or 'bridge', got {backend!r}")
-    from transformer_lens import HookedTransformer
-    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES
-
-    if backend == "auto":
-        backend = "hooked" if model_name in OFFICIAL_MODEL_NAMES else "bridge"
-    flags = dict(fold_ln=process, center_writing_weights=process, center_unembed=process,
-                 fold_value_biases=process)
-    if backend == "hooked":
-        if model_name.startswith(_TL_CHECKPOINT_FAMILIES):
-            return HookedTransformer.from_pretrained(
-                model_name, checkpoint_value=rev.step, device=device, dtype=dtype, **flags
-            ).eval()
-        from transformers import AutoModelForCausalLM
-
-        hf = AutoModelForCausalLM.from_pretrained(model_name, revision=rev.name, dtype=dtype)
-        return HookedTransformer.from_pretrained(model_name, hf_model=hf, device=device, dtype=dtype, **flags).eval()
-    from transformer_lens.model_bridge import TransformerBridge
-
-    bridge = TransformerBridge.boot_transformers(model_name, revision=rev.name, device=device, dtype=dtype)
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=not process)
-    return bridge.eval()
+    return compat.load_hub_model(model_name, rev.name, rev.step, backend=backend, device=device, dtype=dtype,
+                                 process=process, checkpoint_families=_TL_CHECKPOINT_FAMILIES)
 
 
 def hub_series(

@@ -7,16 +7,15 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import re
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitfade.io import CheckpointError, check_header, check_state_dict, load_tensors, read_json
+from circuitfade import compat
+from circuitfade.io import CheckpointError, check_state_dict, load_tensors, peek_shapes, read_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 
 from .hf import _HF_WEIGHT_FILES, _hf_config, _hf_series
@@ -95,28 +94,24 @@ def _as_torch_dtype(v, source: str):
     return v
 
 
-def _required_fields(cls) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)
-            if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-
-
 _INT_FIELDS = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "d_mlp", "d_vocab_out")
 
 
 def _check_fields(d: Mapping, source: str) -> None:
     """Missing required fields and wrongly typed integer fields, named with the file."""
-    missing = [k for k in (*_required_fields(HookedTransformerConfig), "d_vocab") if k not in d]
+    missing = [k for k in (*compat.config_required_fields(), "d_vocab") if k not in d]
     if missing:
-        raise CheckpointError(f"{source}: missing field(s) {missing} (HookedTransformerConfig needs them)")
+        raise CheckpointError(f"{source}: missing field(s) {missing} ({compat.config_class_name()} needs them)")
     for k in _INT_FIELDS:
         v = d.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise CheckpointError(f"{source}: field {k!r} must be an integer, got {v!r}")
 
 
-def _build_config(config, source: str) -> HookedTransformerConfig:
-    """A ``HookedTransformerConfig`` (or ``SoftPriorConfig``) from an object, dict or JSON file."""
-    if isinstance(config, HookedTransformerConfig):
+def _build_config(config, source: str):
+    """A ``HookedTransformerConfig`` (or ``SoftPriorConfig``; on TransformerLens 4 a
+    ``TransformerBridgeConfig``) from an object, dict or JSON file."""
+    if compat.is_config(config):
         return config
     if isinstance(config, (str, Path)):
         f = Path(config)
@@ -130,50 +125,54 @@ def _build_config(config, source: str) -> HookedTransformerConfig:
         d = dict(config)
         if "priors" in d and "gate_modes" in d:
             return SoftPriorConfig.from_json_dict(d, source=source)
-        names = {f.name for f in dataclasses.fields(HookedTransformerConfig) if f.init}
-        unknown = sorted(set(d) - names)
+        unknown = sorted(set(d) - compat.config_fields())
         if unknown:
-            raise CheckpointError(f"{source}: unknown HookedTransformerConfig fields {unknown}")
+            raise CheckpointError(f"{source}: unknown {compat.config_class_name()} fields {unknown}")
         _check_fields(d, source)
         if "dtype" in d:
             d["dtype"] = _as_torch_dtype(d["dtype"], source)
         try:
-            return HookedTransformerConfig(**d)
+            return compat.make_config(d)
         except (TypeError, ValueError, AssertionError) as e:
-            raise CheckpointError(f"{source}: invalid HookedTransformerConfig: {e}") from None
+            raise CheckpointError(f"{source}: invalid {compat.config_class_name()}: {e}") from None
     raise ValueError(
         "config= must be a HookedTransformerConfig (or SoftPriorConfig), a dict of its fields, "
         f"or a path to a JSON file with them; got {type(config).__name__}"
     )
 
 
-def _new_model(cfg: HookedTransformerConfig, device: str = "cpu", *, shapes_only: bool = False) -> HookedTransformer:
+def _new_model(cfg, device: str = "cpu", *, shapes_only: bool = False) -> nn.Module:
     """An untrained model for ``cfg`` on ``device``; its weights are to be overwritten.
 
-    Plain ``HookedTransformer``s skip the random init (``init_weights=False``), and with
+    Plain models (:func:`circuitfade.compat.plain_model`) skip the random init, and with
     ``shapes_only`` are built on the meta device (no memory), for header checks.
     """
     if isinstance(cfg, SoftPriorConfig):
         return SoftPriorTransformer(dataclasses.replace(cfg, device=device))
-    cfg = dataclasses.replace(cfg, init_weights=False, device=device)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
-        if shapes_only:
-            with torch.device("meta"):
-                return HookedTransformer(cfg, move_to_device=False)
-        return HookedTransformer(cfg, move_to_device=False)
+    return compat.plain_model(cfg, device, init_weights=False, meta=shapes_only)
+
+
+def _native(sd: Mapping, model: nn.Module, source: str) -> dict:
+    """A ``HookedTransformer``-format state dict in ``model``'s own form (see
+    :func:`circuitfade.compat.native_state_dict`; unchanged on TransformerLens 3)."""
+    try:
+        return compat.native_state_dict(sd, model)
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from None
 
 
 def _file_series(files: list[Path], steps: list[int], config, device, metadata, source: str) -> CheckpointSeries:
     cfg = _build_config(config, "config")
-    expected = _new_model(cfg, shapes_only=True).state_dict()
-    for f in files:  # eager, header-only validation
-        check_header(f, expected)
+    skeleton = _new_model(cfg, shapes_only=True)
+    expected = skeleton.state_dict()
+    for f in files:  # eager, header-only validation (meta tensors: names and shapes only)
+        peeked = {k: torch.empty(s, device="meta") for k, s in peek_shapes(f).items()}
+        check_state_dict(_native(peeked, skeleton, str(f)), expected, str(f))
 
     def loader(file: Path) -> Callable[[], nn.Module]:
         def load() -> nn.Module:
-            sd = load_tensors(file)
             model = _new_model(cfg, device or "cpu")
+            sd = _native(load_tensors(file), model, str(file))
             check_state_dict(sd, model.state_dict(), str(file))
             model.load_state_dict(sd, strict=True)
             return model.to(device or "cpu", print_details=False)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -17,13 +17,21 @@ from tqdm import tqdm
 
 from circuitfade.gating.evaluation import NoGatesError
 from circuitfade.model.devices import resolve_device, to_device
-from circuitfade.tasks import Batch, Task, eval_set
-from circuitfade.train.loop import EVAL_SEED
+from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_set
 
 from .series import CheckpointSeries
 
-TRACE_COLUMNS: tuple[str, ...] = ("step", "layer", "head", "metric", "value", "note")
-"""Leading columns of every :func:`trace` DataFrame (metadata columns follow)."""
+TRACE_COLUMNS: tuple[str, ...] = ("step", "layer", "head", "metric", "value", "se", "lo", "hi", "note")
+"""Leading columns of every :func:`trace` DataFrame (metadata columns follow).
+
+``se, lo, hi``: the standard error and the interval of ``value`` when the metric
+provides them (NaN otherwise); see each metric for its method. The column ``head`` is
+the head index (read it as ``df["head"]``: ``df.head`` is the DataFrame method)."""
+
+INTERVAL_COLUMNS = ("se", "lo", "hi")
+
+INPUTS = ("model", "batch", "task")
+"""What a metric may ask for, in the order it is passed."""
 
 PerHead = Float[Tensor, "layer head"]
 """A per-head metric value: shape ``[n_layers, n_heads]``."""
@@ -36,24 +44,125 @@ MetricOutput = float | PerHead | Mapping | pd.DataFrame
 NoGates = NoGatesError
 
 
+def head_label(layer: int, head: int) -> str:
+    """``"L{layer}H{head}"``, the paper's name for a head (e.g. ``L1H3``); the one head label."""
+    return f"L{int(layer)}H{int(head)}"
+
+
+def per_head_frame(
+    values: Float[Tensor, "layer head"],
+    metric: str,
+    *,
+    se=None,
+    lo=None,
+    hi=None,
+    boot=None,
+) -> pd.DataFrame:
+    """A ``[layer, head]`` tensor as tidy rows ``layer, head, metric, value`` (the one helper).
+
+    Rows are layer-major (``L0H0, L0H1, ...``); ``value`` is float. Optional
+    ``se``, ``lo``, ``hi`` (each ``[layer, head]``) become columns of the same names;
+    ``boot`` (``[resamples, layer, head]``) becomes a column ``boot`` holding each head's
+    resampled values as a float array (what the consolidation timeline resamples).
+    """
+    t = values.detach() if isinstance(values, Tensor) else torch.tensor(np.array(values, dtype=float))
+    if t.dim() != 2:
+        raise ValueError(f"values: expected a [layer, head] tensor, got shape {tuple(t.shape)}")
+    if not isinstance(metric, str) or not metric:
+        raise ValueError(f"metric: expected a non-empty str, got {metric!r}")
+    L, H = t.shape
+    out = pd.DataFrame({
+        "layer": np.repeat(np.arange(L), H),
+        "head": np.tile(np.arange(H), L),
+        "metric": metric,
+        "value": t.reshape(-1).double().cpu().numpy(),
+    })
+    for name, v in (("se", se), ("lo", lo), ("hi", hi)):
+        if v is not None:
+            a = np.asarray(torch.as_tensor(v).detach().double().cpu() if isinstance(v, Tensor) else v, dtype=float)
+            if a.shape != (L, H):
+                raise ValueError(f"{name}: expected shape {(L, H)}, got {a.shape}")
+            out[name] = a.reshape(-1)
+    if boot is not None:
+        b = np.asarray(boot, dtype=np.float32)
+        if b.ndim != 3 or b.shape[1:] != (L, H):
+            raise ValueError(f"boot: expected shape [resamples, {L}, {H}], got {b.shape}")
+        flat = b.reshape(b.shape[0], -1)
+        out["boot"] = [flat[:, i].copy() for i in range(L * H)]
+    return out
+
+
 # --------------------------------------------------------------------------------------
-# trace
+# the metric protocol
 # --------------------------------------------------------------------------------------
-def _metric_items(metrics) -> list[tuple[str, Callable[..., MetricOutput]]]:
+@dataclass(frozen=True)
+class Metric:
+    """A function to trace, with what it takes stated explicitly.
+
+    ``fn`` is called as ``fn(*[inputs...], **kwargs)`` where ``inputs`` is an ordered
+    subset of ``("model", "batch", "task")`` (default: all three), e.g.
+    ``Metric(f, inputs=("model",))`` for a weight-only metric ``f(model)``.
+    ``name``: the metric name in the trace (default ``fn.metric_name``, else
+    ``fn.__name__``).
+
+    A plain function passed to :func:`trace` is read the same way: its inputs are its
+    ``metric_inputs`` attribute if it has one (the analysis functions declare theirs),
+    else all three. Nothing is inferred from signatures.
+    """
+
+    fn: Callable[..., MetricOutput]
+    name: str | None = None
+    inputs: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise ValueError(f"metric: {self.fn!r} is not callable")
+        inputs = self.inputs if self.inputs is not None else getattr(self.fn, "metric_inputs", INPUTS)
+        inputs = (inputs,) if isinstance(inputs, str) else tuple(inputs)
+        bad = [i for i in inputs if i not in INPUTS] or ([] if len(set(inputs)) == len(inputs) else list(inputs))
+        if bad or not inputs or inputs[0] != "model":
+            raise ValueError(f"metric inputs: expected 'model' then any of 'batch', 'task' (in that order), got {inputs}")
+        if list(inputs) != sorted(inputs, key=INPUTS.index):
+            raise ValueError(f"metric inputs: expected the order {INPUTS}, got {inputs}")
+        object.__setattr__(self, "inputs", inputs)
+        object.__setattr__(self, "name", str(self.name) if self.name is not None else _fn_name(self.fn))
+
+    @property
+    def needs_data(self) -> bool:
+        return "batch" in self.inputs or "task" in self.inputs
+
+    def __call__(self, model, batch, task, **kwargs) -> MetricOutput:
+        given = {"model": model, "batch": batch, "task": task}
+        return self.fn(*[given[i] for i in self.inputs], **kwargs)
+
+
+def metric(fn: Callable | None = None, *, name: str | None = None, inputs: Sequence[str] | str | None = None):
+    """``Metric(fn, name, inputs)``; also a decorator (``@metric(inputs=("model", "batch"))``)."""
+    if fn is None:
+        return lambda f: Metric(f, name, inputs)
+    return Metric(fn, name, inputs)
+
+
+def _as_metric(f, name: str | None = None) -> Metric:
+    if not callable(f):
+        raise ValueError(f"metric {name or f!r} is not callable: {f!r}")
+    if isinstance(f, Metric):
+        return f if name is None or f.name == name else Metric(f.fn, name, f.inputs)
+    return Metric(f, name)
+
+
+def _metric_items(metrics) -> list[Metric]:
     if isinstance(metrics, Mapping):
-        items = [(str(k), f) for k, f in metrics.items()]
+        items = [_as_metric(f, str(k)) for k, f in metrics.items()]
     elif callable(metrics):
-        items = [(_fn_name(metrics), metrics)]
+        items = [_as_metric(metrics)]
     elif isinstance(metrics, Iterable):
-        items = [(_fn_name(f), f) for f in metrics]
+        items = [_as_metric(f) for f in metrics]
     else:
         raise ValueError(f"metrics must be a dict {{name: fn}} or a list of functions, got {type(metrics).__name__}")
     if not items:
         raise ValueError("no metrics given")
-    for name, f in items:
-        if not callable(f):
-            raise ValueError(f"metric {name!r} is not callable: {f!r}")
-    names = [n for n, _ in items]
+    names = [m.name for m in items]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ValueError(f"duplicate metric names {dup}; pass a dict {{name: fn}}")
@@ -61,23 +170,16 @@ def _metric_items(metrics) -> list[tuple[str, Callable[..., MetricOutput]]]:
 
 
 def _fn_name(f) -> str:
+    name = getattr(f, "metric_name", None)
+    if isinstance(name, str) and name:
+        return name
     while hasattr(f, "func"):  # functools.partial
         f = f.func
-    return getattr(f, "__name__", type(f).__name__)
+    return getattr(f, "metric_name", None) or getattr(f, "__name__", type(f).__name__)
 
 
-def _n_args(fn) -> int:
-    """How many of (model, batch, task) to pass positionally (see :func:`trace`)."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return 3
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return 3
-    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(pos) >= 3 and (pos[2].default is inspect.Parameter.empty or pos[2].name == "task"):
-        return 3
-    return max(1, min(len(pos), 2))
+def _na_heads(n: int) -> dict:
+    return {"layer": pd.array([pd.NA] * n, dtype="Int64"), "head": pd.array([pd.NA] * n, dtype="Int64")}
 
 
 def _rows(name: str, out, model, step: int) -> pd.DataFrame:
@@ -108,21 +210,14 @@ def _rows(name: str, out, model, step: int) -> pd.DataFrame:
                     f"metric {name!r} at step {step} returned a tensor of shape {tuple(out.shape)}; "
                     f"expected [n_layers, n_heads] = {list(want)}"
                 )
-            L, H = out.shape
-            return pd.DataFrame({
-                "layer": pd.array(np.repeat(np.arange(L), H), dtype="Int64"),
-                "head": pd.array(np.tile(np.arange(H), L), dtype="Int64"),
-                "metric": name,
-                "value": out.reshape(-1).numpy().astype(float),
-            })
+            return per_head_frame(out, name)
         else:
             raise ValueError(
                 f"metric {name!r} at step {step} returned a tensor of shape {tuple(out.shape)}; expected a "
                 "scalar or [n_layers, n_heads]"
             )
     if isinstance(out, numbers.Real) and not isinstance(out, bool):
-        return pd.DataFrame({"layer": pd.array([pd.NA], dtype="Int64"), "head": pd.array([pd.NA], dtype="Int64"),
-                             "metric": [name], "value": [float(out)]})
+        return pd.DataFrame({**_na_heads(1), "metric": [name], "value": [float(out)]})
     raise ValueError(
         f"metric {name!r} at step {step} returned {type(out).__name__}; expected a float, a tensor "
         "[n_layers, n_heads], a mapping of those, or a DataFrame with a 'value' column"
@@ -138,10 +233,10 @@ def _model_device(model: nn.Module) -> torch.device | None:
 def trace(
     series: CheckpointSeries,
     metrics: Mapping[str, Callable[..., MetricOutput]] | Sequence[Callable[..., MetricOutput]],
-    task: Task | None = None,
+    task: Task | str | Mapping | Batch | None = None,
     *,
     batch: Batch | Int[Tensor, "batch pos"] | None = None,
-    n: int = 512,
+    n: int = EVAL_SIZE,
     seed: int = EVAL_SEED,
     progress: bool = True,
     skip_errors: tuple[type[BaseException], ...] = (NoGates,),
@@ -151,26 +246,31 @@ def trace(
 ) -> pd.DataFrame:
     """Evaluate ``metrics`` on every snapshot of ``series`` into one tidy DataFrame.
 
-    The data: ``batch`` if given, else ``eval_set(task, n, seed)`` built once, where
-    ``task`` defaults to ``series.task`` (the default ``seed`` is the trainer's eval
-    seed, so a circuitfade run is traced on its own eval set); with neither, metrics
-    get ``batch=None`` (weight-only metrics). A :class:`Batch` is moved to each
-    model's device. ``device`` (``"cpu"``, ``"cuda"``, ``"mps"``, ``"auto"``) moves each
-    snapshot's model there first (default: where the series put it).
+    The data: ``batch`` if given, else ``eval_set(task, n, seed)`` built once (the
+    package's one evaluation convention by default: :data:`~circuitfade.tasks.EVAL_SIZE`
+    examples, :data:`~circuitfade.tasks.EVAL_SEED`, the set the trainer logs
+    ``metrics.csv`` on). ``task`` defaults to ``series.task`` and may be a
+    :class:`Task`, a task name (``"assoc"``), a dict ``{"name": ..., **config}`` or a
+    user's own :class:`Batch` (then exactly that batch is the data; see
+    :meth:`Batch.from_answers`). A :class:`Batch` is moved to each model's device. If a
+    metric needs data and there is neither task nor batch, ``ValueError``: "this series
+    has no task; pass task=". ``device``
+    (``"cpu"``, ``"cuda"``, ``"mps"``, ``"auto"``) moves each snapshot's model there
+    first (default: where the series put it).
 
-    Metric protocol: ``metrics`` is a dict ``{name: fn}`` or a list of functions (named
-    by ``__name__``). Each is called as ``fn(model, batch, task, **kwargs)``; ``task``
-    is passed only if ``fn`` has a third positional parameter that is named ``task``
-    or has no default (or takes ``*args``), and ``batch`` only if it has a second, so
-    analysis functions ``f(model, batch, *, ...)`` can be used directly. Calls run
-    under ``torch.no_grad()`` unless ``grad=True``. ``fn`` returns
+    Metric protocol (explicit, see :class:`Metric`): ``metrics`` is a dict ``{name: fn}``
+    or a list of functions / :class:`Metric` objects. Each is called with the inputs it
+    declares (``Metric.inputs`` or the function's ``metric_inputs`` attribute; default
+    ``(model, batch, task)``) plus ``**kwargs``, under ``torch.no_grad()`` unless
+    ``grad=True``. Its name is ``Metric.name``, the dict key, ``fn.metric_name`` or
+    ``fn.__name__``. ``fn`` returns
 
     * a number or 0-d tensor -> one row, ``layer`` and ``head`` NA;
     * a tensor ``Float[Tensor, "layer head"]`` of shape ``[n_layers, n_heads]`` ->
       one row per head;
     * a mapping ``{key: one of these}`` -> rows with metric ``"{name}.{key}"``;
     * a DataFrame with a ``value`` column (optional ``metric`` (default ``name``),
-      ``layer``, ``head``, and any extra columns, which are kept).
+      ``layer``, ``head``, ``se``, ``lo``, ``hi`` and any extra columns, which are kept).
 
     If ``fn`` raises one of ``skip_errors`` (default :class:`NoGates`), one row with
     ``value = NaN`` and ``note`` = ``"no gates"`` (or ``"<ErrorType>: <message>"``)
@@ -178,16 +278,24 @@ def trace(
 
     Returns:
         DataFrame with columns ``step`` (int64), ``layer``, ``head`` (nullable
-        ``Int64``, ``<NA>`` for model-level metrics), ``metric`` (str), ``value``
-        (float), ``note`` (``None`` unless skipped), any extra columns from
-        DataFrame metrics, then one column per ``series.metadata`` key (constant).
+        ``Int64``, ``<NA>`` for model-level metrics; the head index, read as
+        ``df["head"]``), ``metric`` (str), ``value``, ``se``, ``lo``, ``hi`` (float; the
+        interval columns are NaN for metrics that give none), ``note`` (``None`` unless
+        skipped), any extra columns from DataFrame metrics (e.g. ``boot``: resampled
+        values), then one column per ``series.metadata`` key (constant).
     """
     if not isinstance(series, CheckpointSeries):
         raise ValueError(f"trace expects a CheckpointSeries (see attach()), got {type(series).__name__}")
-    items = [(name, fn, _n_args(fn)) for name, fn in _metric_items(metrics)]
-    task = task if task is not None else series.task
+    items = _metric_items(metrics)
+    task = as_task(task if task is not None else series.task)
     if batch is None and task is not None:
         batch = eval_set(task, n=n, seed=seed)
+    if batch is None and any(m.needs_data for m in items):
+        need = [m.name for m in items if m.needs_data]
+        raise ValueError(
+            f"{series.source}: this series has no task; pass task= (a task name such as 'assoc', a dict, a Task, "
+            f"or your own Batch) or batch= to trace {need}"
+        )
     frames: list[pd.DataFrame] = []
     bar = tqdm(series, total=len(series), disable=not progress, desc=str(series.metadata.get("run", "trace")),
                leave=False)
@@ -197,19 +305,16 @@ def trace(
         model = to_device(model, device)
         dev = _model_device(model)
         b = batch.to(dev) if isinstance(batch, (Batch, Tensor)) and dev is not None else batch
-        args = (model, b, task)
-        for name, fn, k in items:
+        for m in items:
             try:
                 with torch.set_grad_enabled(grad):
-                    out = fn(*args[:k], **kwargs)
-                df = _rows(name, out, model, step)
+                    out = m(model, b, task, **kwargs)
+                df = _rows(m.name, out, model, step)
                 if "note" not in df.columns:
                     df["note"] = None
             except skip_errors as e:
                 note = "no gates" if isinstance(e, NoGates) else f"{type(e).__name__}: {e}"
-                df = pd.DataFrame({"layer": pd.array([pd.NA], dtype="Int64"),
-                                   "head": pd.array([pd.NA], dtype="Int64"),
-                                   "metric": [name], "value": [math.nan], "note": [note]})
+                df = pd.DataFrame({**_na_heads(1), "metric": [m.name], "value": [math.nan], "note": [note]})
             df.insert(0, "step", step)
             frames.append(df)
         del model
@@ -221,7 +326,8 @@ def trace(
                             "head": pd.Series(dtype="Int64"), "metric": pd.Series(dtype=object),
                             "value": pd.Series(dtype=float), "note": pd.Series(dtype=object)})
     out["step"] = out["step"].astype("int64")
-    out["value"] = out["value"].astype(float)
+    for c in ("value",) + INTERVAL_COLUMNS:
+        out[c] = out[c].astype(float) if c in out.columns else math.nan
     for c in ("layer", "head"):
         out[c] = out[c].astype("Int64")
     extra = [c for c in out.columns if c not in TRACE_COLUMNS]

@@ -11,7 +11,18 @@ from typing import Any, Callable
 
 from .ambiguous import AmbiguousBatch, AmbiguousRecall, AmbiguousRecallConfig
 from .assoc import AssocRecall, AssocRecallConfig
-from .base import IGNORE_INDEX, Batch, Task, eval_set
+from .base import (
+    DEFAULT_EVAL_SEED,
+    EVAL_SEED,
+    EVAL_SIZE,
+    IGNORE_INDEX,
+    Batch,
+    BatchTask,
+    PrimaryMetric,
+    Task,
+    eval_label,
+    eval_set,
+)
 from .linreg import LinearRegressionICL, LinRegConfig, RegressionBatch
 from .markov import MarkovInduction, MarkovInductionConfig
 from .repeats import Repeats, RepeatsConfig
@@ -70,6 +81,59 @@ def make_task(name: str, **kwargs: Any) -> Task:
     return _REGISTRY[name](**kwargs)
 
 
+def parse_task_args(name: str, items: list[str] | None) -> dict:
+    """``["key=value", ...]`` (the CLI's ``--task-arg``) as ``{"name": name, key: typed value}``.
+
+    Each value is parsed by its field's type in the task's config dataclass
+    (:func:`circuitfade.io.parse_typed`: int, float, bool as true/false, str as is,
+    ``X | None`` with ``none``/``null``, tuples and lists); unknown keys, ``name=...``
+    and items without ``=`` raise ``ValueError`` naming the problem. Used by
+    ``circuitfade train`` and ``circuitfade analyze``.
+    """
+    import typing
+
+    from circuitfade.io import parse_typed
+
+    cfg = getattr(make_task(name), "config", None)  # unknown task names raise, listing the known ones
+    types = typing.get_type_hints(type(cfg)) if dataclasses.is_dataclass(cfg) else None
+    d: dict = {"name": name}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--task-arg expects KEY=VALUE, got {item!r}")
+        if k == "name":
+            raise ValueError("--task-arg name: 'name' is the task itself; pass it as --task NAME")
+        if types is not None and k not in types:
+            raise ValueError(f"--task-arg {k}: task {name!r} has no parameter {k!r}; its parameters: {sorted(types)}")
+        d[k] = parse_typed(f"--task-arg {k}", v, types[k]) if types is not None else parse_typed(k, v, typing.Any)
+    return d
+
+
+def as_task(task: Any) -> Task | None:
+    """Whatever a user passes as a task, as a :class:`Task` (``None`` stays ``None``).
+
+    Accepted: a :class:`Task`; a registered name (``"assoc"``); a dict
+    ``{"name": "assoc", **config}`` (the form in a run's ``config.json``); a user's own
+    :class:`Batch` (wrapped in :class:`BatchTask`, so evaluation uses exactly that batch).
+    Anything else raises ``ValueError`` saying what is accepted.
+    """
+    if task is None or isinstance(task, Task):
+        return task
+    if isinstance(task, str):
+        return make_task(task)
+    if isinstance(task, dict):
+        if "name" not in task:
+            raise ValueError(f"task dict: expected a 'name' key (one of {known_tasks()}), got keys {sorted(task)}")
+        kwargs = {k: v for k, v in task.items() if k != "name"}
+        return make_task(task["name"], **kwargs)
+    if isinstance(task, Batch):
+        return BatchTask(task)
+    raise ValueError(
+        f"task: expected a Task, a task name ({known_tasks()}), a dict {{'name': ..., **config}} or a "
+        f"circuitfade.tasks.Batch of your own, got {type(task).__name__}"
+    )
+
+
 register_task("assoc", config_factory(AssocRecall, AssocRecallConfig))
 register_task("markov", config_factory(MarkovInduction, MarkovInductionConfig))
 register_task("linreg", config_factory(LinearRegressionICL, LinRegConfig))
@@ -78,6 +142,14 @@ register_task("ambiguous", config_factory(AmbiguousRecall, AmbiguousRecallConfig
 
 __all__ = [
     "AmbiguousBatch",
+    "BatchTask",
+    "DEFAULT_EVAL_SEED",
+    "EVAL_SEED",
+    "EVAL_SIZE",
+    "PrimaryMetric",
+    "as_task",
+    "parse_task_args",
+    "eval_label",
     "AmbiguousRecall",
     "AmbiguousRecallConfig",
     "IGNORE_INDEX",

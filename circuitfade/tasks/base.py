@@ -21,8 +21,52 @@ from torch import Tensor
 IGNORE_INDEX = -100
 """Value of ``Batch.targets`` at positions that are not scored."""
 
-DEFAULT_EVAL_SEED = 20_240_601
-"""Seed of the dedicated generator used by :func:`eval_set` unless told otherwise."""
+EVAL_SEED = 1_000_003
+"""THE evaluation seed: every entry point (training logs, ``evaluate``,
+``gate_intervention_table``, ``trace``, ``analyze``, screens, history, assets,
+tutorials) evaluates on ``eval_set(task, EVAL_SIZE, EVAL_SEED)`` unless told otherwise.
+It is the trainer's historical eval seed, so every shipped ``metrics.csv`` was
+recorded on exactly this set."""
+
+EVAL_SIZE = 512
+"""THE default number of evaluation examples (see :data:`EVAL_SEED`)."""
+
+DEFAULT_EVAL_SEED = EVAL_SEED
+"""Former name of :data:`EVAL_SEED` (kept for imports)."""
+
+
+def eval_label(n: int = EVAL_SIZE, seed: int = EVAL_SEED) -> str:
+    """``"eval: 512 examples, seed 1000003"``: the line every table and report prints."""
+    return f"eval: {int(n)} examples, seed {int(seed)}"
+
+
+@dataclass(frozen=True)
+class PrimaryMetric:
+    """The one number that says how well a model does a task.
+
+    * ``name``: the key in :meth:`Task.metrics` (``"accuracy"``, ``"mse"``);
+    * ``column``: its prefix in ``metrics.csv`` (``"acc"`` -> ``acc_normal``, ``acc_zero``);
+    * ``direction``: ``"higher"`` or ``"lower"`` is better;
+    * ``chance``: the value of a model that ignores the context (uniform guessing among
+      the admissible answers for accuracy; predicting 0 for regression), NaN if unknown.
+    """
+
+    name: str
+    column: str
+    direction: str
+    chance: float
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("higher", "lower"):
+            raise ValueError(f"PrimaryMetric.direction: expected 'higher' or 'lower', got {self.direction!r}")
+
+    def key(self, condition: str = "normal") -> str:
+        """Column of ``metrics.csv`` under an evaluation condition (``acc_zero``)."""
+        return f"{self.column}_{condition}"
+
+    def better(self, a: float, b: float) -> bool:
+        """True iff ``a`` is strictly better than ``b``."""
+        return a > b if self.direction == "higher" else a < b
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,6 +203,54 @@ class Batch:
         )
 
     @classmethod
+    def from_answers(
+        cls,
+        tokens: Int[Tensor, "batch pos"],
+        answer_positions: Bool[Tensor, "batch pos"] | Sequence[Sequence[int]],
+        *,
+        targets: Int[Tensor, "batch pos"] | None = None,
+        answer_sources: Bool[Tensor, "batch pos pos"] | None = None,
+    ) -> Batch:
+        """A batch from a user's own token sequences.
+
+        ``answer_positions``: a bool mask ``[batch, pos]`` or, per sequence, the list of
+        positions ``i`` whose next-token prediction is scored. ``targets``: the correct
+        next token at those positions (default: ``tokens[b, i + 1]``, so the last
+        position cannot be an answer). ``answer_sources``: which earlier positions hold
+        the answer (default: every earlier position ``j <= i`` whose token equals the
+        target, so successor mass is "attention on earlier copies of the answer").
+        """
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens: expected shape [batch, pos], got {tuple(tokens.shape)}")
+        b, p = tokens.shape
+        if isinstance(answer_positions, Tensor) and answer_positions.dtype == torch.bool:
+            mask = answer_positions.clone()
+        else:
+            rows = list(answer_positions)
+            if len(rows) != b:
+                raise ValueError(f"answer_positions: expected one list per sequence ({b}), got {len(rows)}")
+            mask = torch.zeros(b, p, dtype=torch.bool)
+            for i, row in enumerate(rows):
+                for j in row:
+                    if not 0 <= int(j) < p:
+                        raise ValueError(f"answer_positions[{i}]: position {j} outside [0, {p})")
+                    mask[i, int(j)] = True
+        if tuple(mask.shape) != (b, p):
+            raise ValueError(f"answer_positions: expected a mask of shape {(b, p)}, got {tuple(mask.shape)}")
+        if targets is None:
+            if bool(mask[:, -1].any()):
+                raise ValueError("answer_positions: the last position has no next token; pass targets=")
+            nxt = torch.cat([tokens[:, 1:], torch.zeros(b, 1, dtype=torch.long)], dim=1)
+            targets = torch.where(mask, nxt, torch.full_like(tokens, IGNORE_INDEX))
+        else:
+            targets = torch.where(mask, torch.as_tensor(targets, dtype=torch.long), torch.full_like(tokens, IGNORE_INDEX))
+        if answer_sources is None:
+            causal = torch.ones(p, p, dtype=torch.bool).tril()
+            answer_sources = (tokens[:, None, :] == targets[:, :, None]) & causal & mask[:, :, None]
+        return cls(tokens=tokens, targets=targets, answer_mask=mask, answer_sources=answer_sources)
+
+    @classmethod
     def concat(cls, batches: Iterable[Batch]) -> Batch:
         """Concatenate batches along the batch dimension (all must share ``pos``)."""
         batches = list(batches)
@@ -203,6 +295,14 @@ class Task(abc.ABC):
     d_vocab: int
     n_ctx: int
     chance: float
+
+    @property
+    def primary_metric(self) -> PrimaryMetric:
+        """The task's headline metric (token tasks: accuracy, higher is better, chance
+        ``self.chance``); regression tasks override it. Progress bars, CLI summaries,
+        ``reproduce``, the static baselines and the plots read this instead of guessing
+        from key names."""
+        return PrimaryMetric("accuracy", "acc", "higher", float(self.chance))
 
     @abc.abstractmethod
     def sample(self, n: int, generator: torch.Generator) -> Batch:
@@ -277,10 +377,45 @@ def check_sample_args(n: int, generator: torch.Generator) -> None:
         raise ValueError(f"generator: expected a CPU generator, got one on {generator.device}")
 
 
-def eval_set(task: Task, n: int = 512, seed: int = DEFAULT_EVAL_SEED) -> Batch:
+def eval_set(task: Task, n: int = EVAL_SIZE, seed: int = EVAL_SEED) -> Batch:
     """A fixed evaluation batch: ``task.sample(n, torch.Generator().manual_seed(seed))``.
 
     Uses its own generator, so it is unaffected by (and does not affect) any other
     random state; the same ``(task config, n, seed)`` always gives the same batch.
+    Defaults: the package's one evaluation convention (:data:`EVAL_SIZE` examples,
+    :data:`EVAL_SEED`). A :class:`BatchTask` (a user's own batch) returns its batch
+    (its first ``n`` examples when it has more).
     """
+    if isinstance(task, BatchTask):
+        return task.batch if n >= len(task.batch) else task.batch[:n]
     return task.sample(n, torch.Generator().manual_seed(seed))
+
+
+class BatchTask(Task):
+    """A user's own evaluation batch used where a task is expected.
+
+    ``batch``: a :class:`Batch` (tokens with ``targets`` / ``answer_mask`` at the answer
+    positions, and ``answer_sources`` for successor mass; see
+    :meth:`Batch.from_answers`). Scoring is :class:`Task`'s (argmax accuracy and
+    cross-entropy at answer positions); :func:`eval_set` returns the batch itself, and
+    :meth:`sample` draws examples from it (with replacement) for code that resamples.
+    ``chance`` defaults to NaN (unknown) unless given.
+    """
+
+    def __init__(self, batch: Batch, *, d_vocab: int | None = None, chance: float = float("nan"),
+                 name: str = "batch"):
+        if not isinstance(batch, Batch):
+            raise ValueError(f"batch: expected a circuitfade.tasks.Batch, got {type(batch).__name__}")
+        self.batch = batch
+        self.name = name
+        self.n_ctx = batch.n_pos
+        hi = int(torch.maximum(batch.tokens.max(), batch.targets.max()).item()) + 1 if len(batch) else 1
+        self.d_vocab = int(d_vocab) if d_vocab is not None else hi
+        self.chance = float(chance)
+
+    def sample(self, n: int, generator: torch.Generator) -> Batch:
+        check_sample_args(n, generator)
+        return self.batch[torch.randint(0, len(self.batch), (n,), generator=generator)]
+
+    def __repr__(self) -> str:
+        return f"BatchTask({len(self.batch)} examples x {self.batch.n_pos} positions)"

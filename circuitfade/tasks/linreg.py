@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from .base import Task, check_sample_args
+from .base import PrimaryMetric, Task, check_sample_args
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,6 +97,12 @@ class LinearRegressionICL(Task):
         self.n_ctx = 2 * self.config.n_points + 1
         self.chance = float("nan")  # regression: chance is MSE 1, not an accuracy
         self.model_overrides = {"input_mode": "real", "d_vocab": self.d_vocab, "d_vocab_out": 1}
+
+    @property
+    def primary_metric(self) -> PrimaryMetric:
+        """Mean squared error, lower is better; chance = predicting 0, MSE ``1 + noise²``
+        (the targets have unit variance by construction)."""
+        return PrimaryMetric("mse", "mse", "lower", 1.0 + float(self.config.noise) ** 2)
 
     def sample(self, n: int, generator: torch.Generator) -> RegressionBatch:
         check_sample_args(n, generator)

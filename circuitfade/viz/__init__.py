@@ -1,5 +1,9 @@
-"""Figures, tables and HTML reports (layer 6: reads analysis results, never trains).
+"""Figures, tables and HTML reports (reads analysis results, never trains).
 
-``from circuitfade.viz import plots`` for the figures; :mod:`circuitfade.viz.report`
-for ``circuitfade analyze``'s HTML report.
+* :mod:`circuitfade.viz.plots`: the figures (``go.Figure``) and :func:`~circuitfade.viz.plots.save`
+  (HTML always; PNG/SVG/PDF with the ``[figures]`` extra);
+* :mod:`circuitfade.viz.attention`: attention patterns across a checkpoint series;
+* :mod:`circuitfade.viz.tables`: the one markdown / HTML table renderer;
+* :mod:`circuitfade.viz.html`: the one HTML page builder every report uses;
+* :mod:`circuitfade.viz.report`: ``circuitfade analyze``'s report.
 """

@@ -13,22 +13,32 @@ Inputs are the tidy frames the rest of the package produces, never models:
   ``step, gate_*, acc_*`` (or ``mse_*``) - :func:`training_curves`.
 
 Heads are named ``"L{layer}H{head}"`` everywhere, hover text included. Figures carry
-axis titles with units and a fixed height, and need nothing beyond plotly to save:
-``fig.write_html("fig.html")`` embeds plotly.js (works offline).
+axis titles with units and a fixed height. :func:`save` writes any of them: HTML always
+(plotly.js embedded, works offline), PNG / SVG / PDF through an image exporter -
+``pip install 'circuitfade[figures]'`` (kaleido 0.2.1, which bundles its own headless
+Chromium and needs no network); kaleido >= 1 also works where Chrome is installed.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from circuitfade.store.tracing import head_label
+
 __all__ = [
+    "save",
+    "image_exporter",
+    "ExportError",
     "METRIC_LABELS",
     "metric_label",
     "head_heatmap",
@@ -36,6 +46,7 @@ __all__ = [
     "head_timeline",
     "gate_intervention_bar",
     "training_curves",
+    "class_count_figure",
 ]
 
 METRIC_LABELS: dict[str, str] = {
@@ -47,6 +58,10 @@ METRIC_LABELS: dict[str, str] = {
 
 STEP_TITLE = "training step"
 GATE_TITLE = "gate value (0 = prior off, 1 = full)"
+GATE_TICKS = dict(tickmode="array", tickvals=[0, 0.25, 0.5, 0.75, 1], ticktext=["0", "0.25", "0.5", "0.75", "1"])
+"""Gate-axis ticks at nice values (a secondary axis would otherwise sync its ticks to the primary's)."""
+LEGEND_RIGHT = dict(x=1.1, xanchor="left", y=1, yanchor="top", tracegroupgap=0)
+"""The legend, placed clear of the secondary (gate) axis title."""
 ACC_TITLE = "accuracy (fraction correct)"
 COLORSCALE = "Viridis"
 
@@ -58,13 +73,136 @@ _CONDITION_LABELS = {
 }
 
 
+# ------------------------------------------------------------------------------ saving
+class ExportError(RuntimeError):
+    """No image exporter can write the requested format (the message says how to get one)."""
+
+
+IMAGE_FORMATS = ("png", "svg", "pdf", "jpeg", "webp")
+EXPORTER_HINT = ("pip install 'circuitfade[figures]' (kaleido==0.2.1: bundles its own Chromium, works offline); "
+                 "or save as .html, which always works")
+_EXPORTER: dict = {}
+
+
+def _kaleido_v0():
+    """kaleido 0.2.x's plotly scope, fed plotly's own plotly.js (so it never reaches for a CDN)."""
+    import plotly
+    from kaleido.scopes.plotly import PlotlyScope
+
+    js = Path(os.path.dirname(plotly.__file__)) / "package_data" / "plotly.min.js"
+    scope = PlotlyScope(plotlyjs=str(js) if js.is_file() else None, mathjax=False)
+
+    def export(fig: go.Figure, fmt: str, width: int, height: int, scale: float) -> bytes:
+        return scope.transform(json.loads(fig.to_json()), format=fmt, width=width, height=height, scale=scale)
+
+    return export
+
+
+def _kaleido_v1():
+    """plotly's own ``to_image`` (kaleido >= 1, which drives an installed Chrome)."""
+    import kaleido  # noqa: F401
+    import plotly.io as pio
+
+    def export(fig: go.Figure, fmt: str, width: int, height: int, scale: float) -> bytes:
+        return pio.to_image(fig, format=fmt, width=width, height=height, scale=scale)
+
+    return export
+
+
+def image_exporter():
+    """``(export, None)`` where ``export(fig, fmt, width, height, scale) -> bytes`` works here,
+    else ``(None, reason)``. Probed once per process with a one-bar figure, so a missing
+    browser fails here, with its reason, rather than in the middle of a report."""
+    if "result" not in _EXPORTER:
+        reasons = []
+        for name, make in (("kaleido 0.2", _kaleido_v0), ("kaleido >= 1", _kaleido_v1)):
+            try:
+                export = make()
+                export(go.Figure(go.Bar(y=[1])), "png", 60, 40, 1)
+            except Exception as e:  # noqa: BLE001 - every failure is a reason to try the next one
+                reasons.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
+                continue
+            _EXPORTER["result"] = (export, None)
+            break
+        else:
+            _EXPORTER["result"] = (None, "; ".join(reasons))
+    return _EXPORTER["result"]
+
+
+def save(fig: go.Figure, path: str | os.PathLike, *, width: int | None = None, height: int | None = None,
+         scale: float = 1.0, plotlyjs: str = "embed") -> Path:
+    """Write ``fig`` to ``path``, the format taken from its suffix; returns the path.
+
+    * ``.html``: always works; plotly.js embedded (``plotlyjs="embed"``, offline, ~4.8 MB)
+      or loaded from its CDN (``plotlyjs="cdn"``);
+    * ``.png``, ``.svg``, ``.pdf``, ``.jpeg``, ``.webp``: through :func:`image_exporter`,
+      ``width`` (default 900) x ``height`` (default ``fig.layout.height`` or 450) pixels
+      times ``scale``. Without a working exporter: :class:`ExportError` saying how to
+      install one (``pip install 'circuitfade[figures]'``).
+
+    Folders are created; the file is written atomically (an existing one is replaced).
+    """
+    from circuitfade.io import atomic_write
+
+    if not isinstance(fig, go.Figure):
+        raise ValueError(f"fig: expected a plotly go.Figure, got {type(fig).__name__}")
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    fmt = "jpeg" if fmt == "jpg" else fmt
+    if fmt in ("html", "htm"):
+        if plotlyjs not in ("embed", "cdn"):
+            raise ValueError(f"plotlyjs: expected 'embed' or 'cdn', got {plotlyjs!r}")
+        text = fig.to_html(include_plotlyjs=True if plotlyjs == "embed" else "cdn", full_html=True)
+        return atomic_write(path, text.encode("utf-8"))
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"{path}: unknown figure format {path.suffix!r}; expected .html or one of "
+                         + ", ".join("." + f for f in IMAGE_FORMATS))
+    export, why = image_exporter()
+    if export is None:
+        raise ExportError(f"cannot write {path}: no image exporter works here ({why}). {EXPORTER_HINT}")
+    w = int(width or 900)
+    h = int(height or fig.layout.height or 450)
+    return atomic_write(path, export(fig, fmt, w, h, float(scale)))
+
+
 def metric_label(metric: str) -> str:
     """The axis title of ``metric``: :data:`METRIC_LABELS` entry, else the name itself."""
     return METRIC_LABELS.get(metric, metric)
 
 
-def _head_name(layer: int, head: int) -> str:
-    return f"L{int(layer)}H{int(head)}"
+def _wrap(text: str, width: int = 18) -> str:
+    """``text`` broken into lines of at most ``width`` characters (plotly ``<br>``), at spaces."""
+    lines, cur = [], ""
+    for word in str(text).split():
+        if cur and len(cur) + 1 + len(word) > width:
+            lines.append(cur)
+            cur = word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    return "<br>".join([*lines, cur] if cur else lines)
+
+
+def _colorbar(label: str) -> dict:
+    """A colour bar whose title is wrapped (two or three short lines beside it), so no part of it is
+    clipped at the figure's edge; heatmaps are tall enough for the rotated lines."""
+    return dict(title=dict(text=_wrap(label, 26), side="right"), thickness=18)
+
+
+def _identical_groups(frame: pd.DataFrame, cols: list[str]) -> list[list[str]]:
+    """``cols`` grouped by identical values (NaN equal to NaN, to 1e-12), first-seen order."""
+    groups: list[list[str]] = []
+    for c in cols:
+        v = frame[c].astype(float).to_numpy()
+        for g in groups:
+            if np.allclose(v, frame[g[0]].astype(float).to_numpy(), rtol=0, atol=1e-12, equal_nan=True):
+                g.append(c)
+                break
+        else:
+            groups.append([c])
+    return groups
+
+
+_head_name = head_label  # the one head label, "L{layer}H{head}"
 
 
 def _fmt(v: float) -> str:
@@ -76,6 +214,8 @@ def _head_frame(traced: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Rows of ``metric`` as ``step, layer, head, value`` (ints, float), sorted; validated."""
     if not isinstance(traced, pd.DataFrame):
         raise ValueError(f"traced: expected a pandas DataFrame (see circuitfade.store.trace), got {type(traced).__name__}")
+    if "head" not in traced.columns and "head_idx" in traced.columns:
+        traced = traced.rename(columns={"head_idx": "head"})
     need = ["step", "layer", "head", "metric", "value"]
     missing = [c for c in need if c not in traced.columns]
     if missing:
@@ -95,6 +235,9 @@ def _head_frame(traced: pd.DataFrame, metric: str) -> pd.DataFrame:
         "head": rows["head"].astype("int64").to_numpy(),
         "value": rows["value"].astype(float).to_numpy(),
     })
+    lo, hi = _interval(rows, "value")
+    if lo is not None:
+        df["lo"], df["hi"] = lo, hi
     dup = df.duplicated(["step", "layer", "head"])
     if dup.any():
         s, l, h = df.loc[dup, ["step", "layer", "head"]].iloc[0]
@@ -105,6 +248,32 @@ def _head_frame(traced: pd.DataFrame, metric: str) -> pd.DataFrame:
     if df["value"].isna().all():
         raise ValueError(f"metric {metric!r}: every value is NaN; nothing to plot")
     return df.sort_values(["step", "layer", "head"], kind="mergesort").reset_index(drop=True)
+
+
+def _interval(rows: pd.DataFrame, col: str):
+    """Optional interval columns of ``col``: ``lo``/``hi`` (or ``{col}_lo``/``{col}_hi``), else
+    ``se`` (or ``{col}_se``) as ``value ± 1.96 se``; ``(None, None)`` when there are none."""
+    for lo_c, hi_c in (("lo", "hi"), (f"{col}_lo", f"{col}_hi")):
+        if lo_c in rows.columns and hi_c in rows.columns:
+            lo, hi = rows[lo_c].astype(float).to_numpy(), rows[hi_c].astype(float).to_numpy()
+            return (lo, hi) if not (np.isnan(lo).all() and np.isnan(hi).all()) else (None, None)
+    for se_c in ("se", f"{col}_se"):
+        if se_c in rows.columns:
+            se = rows[se_c].astype(float).to_numpy()
+            if np.isnan(se).all():
+                return None, None
+            v = rows[col].astype(float).to_numpy()
+            return v - 1.96 * se, v + 1.96 * se
+    return None, None
+
+
+def _error_y(values, lo, hi) -> dict | None:
+    """plotly ``error_y`` for an interval ``[lo, hi]`` around ``values`` (None without one)."""
+    if lo is None:
+        return None
+    v = np.asarray(values, float)
+    return dict(type="data", symmetric=False, array=np.maximum(np.asarray(hi, float) - v, 0),
+                arrayminus=np.maximum(v - np.asarray(lo, float), 0), thickness=1, width=3)
 
 
 def _grid(df: pd.DataFrame, step: int, n_layers: int, n_heads: int) -> tuple[np.ndarray, list[list[str]]]:
@@ -165,10 +334,10 @@ def head_heatmap(traced: pd.DataFrame, metric: str, *, step: int | None = None) 
     title = f"{label} per head"
     fig.update_layout(
         title=dict(text=f"{title}, step {steps[last]}"),
-        coloraxis=dict(colorscale=COLORSCALE, cmin=cmin, cmax=cmax, colorbar=dict(title=dict(text=label, side="right"))),
+        coloraxis=dict(colorscale=COLORSCALE, cmin=cmin, cmax=cmax, colorbar=_colorbar(label)),
         xaxis=dict(title=dict(text="head"), **_int_axis(n_heads)),
         yaxis=dict(title=dict(text="layer"), autorange="reversed", **_int_axis(n_layers)),
-        height=max(320, 60 * n_layers + 240),
+        height=max(440, 60 * n_layers + 260),
     )
     if len(steps) > 1:
         fig.update_layout(sliders=[dict(
@@ -216,7 +385,7 @@ def head_small_multiples(traced: pd.DataFrame, metric: str, *, max_cols: int = 6
             fig.update_xaxes(title_text="head", row=i // cols + 1, col=i % cols + 1)
     fig.update_layout(
         title=dict(text=f"{label} per head at every checkpoint"),
-        coloraxis=dict(colorscale=COLORSCALE, cmin=cmin, cmax=cmax, colorbar=dict(title=dict(text=label, side="right"))),
+        coloraxis=dict(colorscale=COLORSCALE, cmin=cmin, cmax=cmax, colorbar=_colorbar(label)),
         height=max(300, rows * (40 * n_layers + 140) + 100),
     )
     return fig
@@ -241,8 +410,9 @@ def _gate_traces(gate, steps: list[int]) -> list[go.Scatter]:
             )
         out = []
         g = gate.sort_values("step", kind="mergesort")
-        for c in cols:
-            name = "gate" if c == "gate" else f"gate ({str(c)[5:]})"
+        for group in _identical_groups(g, cols):
+            c = group[0]
+            name = "gate" if c == "gate" else f"gate ({' = '.join(str(x)[5:] for x in group)})"
             ys = g[c].astype(float).to_numpy()
             xs = g["step"].to_numpy()
             text = [f"{name} at step {int(x)}: {_fmt(y)}" for x, y in zip(xs, ys)]
@@ -275,15 +445,18 @@ def head_timeline(
 ) -> go.Figure:
     """``metric`` of every head over training steps, with the gate schedule and threshold crossings.
 
-    * One line per head (``"L{layer}H{head}"``), x = checkpoint step. ``top_k``: only
+    * One line per head (``"L{layer}H{head}"``), x = checkpoint step; the top head (largest
+      value at the last step) drawn wider and above the others. Optional interval columns
+      (``lo``/``hi`` or ``se``, see :func:`_interval`) become error bars. ``top_k``: only
       the ``k`` heads with the largest value at the last step (ties: lowest layer, then
       head), plus the head of the first crossing if it is not among them.
     * ``gate``: drawn on a secondary y axis (dotted): a DataFrame with ``step`` and
       ``gate`` columns (or ``gate_<prior>`` columns, as in ``metrics.csv``, one line each),
       or a callable ``step -> value`` (e.g. ``series.gate_value``) sampled at up to 400
       steps over the traced range (``None`` values are left out).
-    * ``threshold``: a dashed horizontal line; a star marker (trace ``"first crossing"``)
-      at each plotted head's first step with ``value >= threshold``; and an annotation at
+    * ``threshold``: a dashed horizontal line (named in the legend, trace ``"threshold T"``);
+      a star marker (trace ``"first crossing"``) at each plotted head's first step with
+      ``value >= threshold``; and an annotation at
       the series' first crossing - the first step at which any head reaches the threshold,
       and the top head (largest value) at that step, i.e. ``first_step`` / ``first_head`` of
       :func:`circuitfade.analysis.timeline_long`.
@@ -311,12 +484,19 @@ def head_timeline(
 
     gate_traces = _gate_traces(gate, steps) if gate is not None else []
     fig = make_subplots(specs=[[{"secondary_y": bool(gate_traces)}]])
+    # the top head (largest value at the last step) is drawn above the others (zorder) and wider
+    final = {(int(l), int(h)): v for l, h, v in
+             df[df["step"] == steps[-1]][["layer", "head", "value"]].itertuples(index=False, name=None)}
+    top = max(heads, key=lambda lh: (np.nan_to_num(final.get(lh, np.nan), nan=-np.inf), -lh[0], -lh[1]))
     for l, h in heads:
         part = df[(df["layer"] == l) & (df["head"] == h)]
         name = _head_name(l, h)
         text = [f"{name} step {s}: {_fmt(v)}" for s, v in zip(part["step"], part["value"])]
-        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=name, legendgroup=name, mode="lines+markers",
-                                 text=text, hovertemplate="%{text}<extra></extra>", marker=dict(size=5)))
+        err = _error_y(part["value"], part["lo"], part["hi"]) if "lo" in part.columns else None
+        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=name, zorder=1 if (l, h) == top else 0,
+                                 legendgroup=name, mode="lines+markers", text=text,
+                                 hovertemplate="%{text}<extra></extra>", marker=dict(size=5 if (l, h) != top else 7),
+                                 line=dict(width=3.5 if (l, h) == top else 1.8), error_y=err))
     if crossings is not None:
         plotted = set(heads)
         mask = [(int(l), int(h)) in plotted for l, h in zip(crossings["layer"], crossings["head"])]
@@ -326,23 +506,29 @@ def head_timeline(
         fig.add_trace(go.Scatter(
             x=shown["step"], y=shown["value"], mode="markers", name=f"first crossing (≥ {threshold:g})",
             marker=dict(symbol="star", size=13, color="black", line=dict(width=1, color="white")),
-            text=text, hovertemplate="%{text}<extra></extra>",
+            text=text, hovertemplate="%{text}<extra></extra>", zorder=2,
         ))
         fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=threshold, y1=threshold,
                       line=dict(dash="dash", color="gray", width=1.5))
-        fig.add_annotation(xref="paper", x=0, yref="y", y=threshold, text=f"threshold {threshold:g}",
-                           showarrow=False, xanchor="left", yanchor="bottom", font=dict(color="gray"))
+        # the threshold is named in the legend (an entry that draws nothing), not by a text label in
+        # the plot, so it never collides with the first crossing's label or with the data
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"threshold {threshold:g}",
+                                 line=dict(dash="dash", color="gray", width=1.5), hoverinfo="skip"))
         if first is not None:
             name = _head_name(first["layer"], first["head"])
+            span = max(steps[-1] - steps[0], 1)
+            right_half = (int(first["step"]) - steps[0]) / span > 0.5
             fig.add_annotation(x=int(first["step"]), y=float(first["value"]), xref="x", yref="y",
-                               text=f"{name} first reaches {threshold:g} at step {int(first['step'])}",
-                               showarrow=True, arrowhead=2, ax=40, ay=-40)
+                               text=f"{name} first reaches {threshold:g}<br>at step {int(first['step'])}",
+                               showarrow=True, arrowhead=2, ax=-70 if right_half else 70, ay=-55,
+                               bgcolor="rgba(255,255,255,0.85)")
     for tr in gate_traces:
         fig.add_trace(tr, secondary_y=True)
     if gate_traces:
         ys = np.concatenate([np.asarray(t.y, float) for t in gate_traces])
-        rng = [0, 1.05] if np.nanmin(ys) >= 0 and np.nanmax(ys) <= 1 else None
-        fig.update_yaxes(title_text=GATE_TITLE, range=rng, secondary_y=True, showgrid=False)
+        unit = np.nanmin(ys) >= 0 and np.nanmax(ys) <= 1
+        fig.update_yaxes(title_text=GATE_TITLE, secondary_y=True, showgrid=False,
+                         **(dict(range=[0, 1.05], **GATE_TICKS) if unit else {}))
     if gate_zero_step is not None:
         fig.add_shape(type="line", xref="x", x0=gate_zero_step, x1=gate_zero_step, yref="paper", y0=0, y1=1,
                       line=dict(dash="dot", color="firebrick", width=1.5))
@@ -351,7 +537,7 @@ def head_timeline(
     fig.update_xaxes(title_text=STEP_TITLE)
     fig.update_yaxes(title_text=metric_label(metric), secondary_y=False)
     fig.update_layout(title=dict(text=f"{metric_label(metric)} per head over training"), height=480,
-                      legend=dict(title=dict(text="head")))
+                      legend=dict(title=dict(text="head"), **(LEGEND_RIGHT if gate_traces else dict(tracegroupgap=0))))
     return fig
 
 
@@ -360,8 +546,11 @@ def gate_intervention_bar(table: pd.DataFrame, *, chance: float | None = None) -
     """Accuracy under each gate condition of a gate intervention table, as bars.
 
     ``table``: columns ``condition`` and ``accuracy`` (optional ``gates`` and ``loss``
-    appear in the hover text), one row per condition, in the order drawn.
-    ``chance``: a dashed horizontal line at chance accuracy (e.g. ``task.chance``).
+    appear in the hover text), one row per condition, in the order drawn. Optional
+    interval columns (``accuracy_lo``/``accuracy_hi``, ``lo``/``hi`` or ``accuracy_se``/``se``,
+    the last as ± 1.96 se) are drawn as whiskers.
+    ``chance``: a dashed horizontal line at chance accuracy (e.g. ``task.chance``), labelled
+    in the right margin, clear of the bars.
     """
     if not isinstance(table, pd.DataFrame):
         raise ValueError(f"table: expected a DataFrame (see gate_intervention_table), got {type(table).__name__}")
@@ -380,16 +569,21 @@ def gate_intervention_bar(table: pd.DataFrame, *, chance: float | None = None) -
     for c, a, g, l in zip(cond, acc, gates, loss):
         s = f"{c}" + (f" ({g})" if g else "") + f": accuracy {_fmt(a)}"
         hover.append(s + (f", loss {_fmt(l)} nats" if l is not None else ""))
+    lo, hi = _interval(table, "accuracy")
+    if lo is not None:
+        hover = [f"{t} [{_fmt(a)}, {_fmt(b)}]" for t, a, b in zip(hover, lo, hi)]
     fig = go.Figure(go.Bar(x=cond, y=acc, text=[f"{a:.3f}" for a in acc], textposition="outside",
-                           hovertext=hover, hovertemplate="%{hovertext}<extra></extra>", name="accuracy"))
+                           hovertext=hover, hovertemplate="%{hovertext}<extra></extra>", name="accuracy",
+                           error_y=_error_y(acc, lo, hi)))
     if chance is not None:
         if isinstance(chance, bool) or not isinstance(chance, numbers.Real):
             raise ValueError(f"chance: expected a number or None, got {chance!r}")
         fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=chance, y1=chance,
                       line=dict(dash="dash", color="gray"))
-        fig.add_annotation(xref="paper", x=1, yref="y", y=chance, text=f"chance {chance:.3g}", showarrow=False,
-                           xanchor="right", yanchor="bottom", font=dict(color="gray"))
+        fig.add_annotation(xref="paper", x=1.01, yref="y", y=chance, text=f"chance<br>{chance:.3g}", showarrow=False,
+                           xanchor="left", yanchor="middle", align="left", font=dict(color="gray"))
     fig.update_layout(
+        margin=dict(r=90),
         title=dict(text="Gate interventions at evaluation (final checkpoint)"),
         xaxis=dict(title=dict(text="gate condition at evaluation")),
         yaxis=dict(title=dict(text=ACC_TITLE), range=[0, 1.08]),
@@ -405,7 +599,9 @@ def training_curves(metrics_df: pd.DataFrame) -> go.Figure:
     for tasks without accuracy the ``mse_<condition>`` columns, else ``loss_<condition>``;
     conditions ``normal`` (gates as set at that step), ``zero``, ``param``, ``half``
     (see :mod:`circuitfade.gating.evaluation`). Every ``gate_<prior>`` column (mean effective
-    gate over heads and layers) is a dotted line on the secondary y axis.
+    gate over heads and layers) is a dotted line on the secondary y axis (ticks at 0, .25,
+    ..., 1). Conditions (or gates) whose curves are identical at every step are drawn once,
+    named ``"a = b (identical)"`` (gates: ``"gate (pos = content)"``).
     """
     if not isinstance(metrics_df, pd.DataFrame):
         raise ValueError(f"metrics_df: expected a DataFrame (metrics.csv), got {type(metrics_df).__name__}")
@@ -423,10 +619,10 @@ def training_curves(metrics_df: pd.DataFrame) -> go.Figure:
     gate_cols = [c for c in metrics_df.columns if str(c).startswith("gate_")]
     m = metrics_df.sort_values("step", kind="mergesort")
     fig = make_subplots(specs=[[{"secondary_y": bool(gate_cols)}]])
-    for c in cols:
-        cond = str(c)[len(prefix):]
-        name = _CONDITION_LABELS.get(cond, cond)
-        ys = m[c].astype(float)
+    for group in _identical_groups(m, cols):  # conditions with identical curves: one line, named for all
+        names = [_CONDITION_LABELS.get(str(c)[len(prefix):], str(c)[len(prefix):]) for c in group]
+        name = names[0] if len(names) == 1 else " = ".join(names) + " (identical)"
+        ys = m[group[0]].astype(float)
         text = [f"{name}, step {int(s)}: {_fmt(v)}" for s, v in zip(m["step"], ys)]
         fig.add_trace(go.Scatter(x=m["step"], y=ys, name=name, mode="lines", text=text, connectgaps=True,
                                  hovertemplate="%{text}<extra></extra>"))
@@ -434,10 +630,57 @@ def training_curves(metrics_df: pd.DataFrame) -> go.Figure:
         fig.add_trace(tr, secondary_y=True)
     if gate_cols:
         ys = m[gate_cols].astype(float).to_numpy()
-        rng = [0, 1.05] if np.nanmin(ys) >= 0 and np.nanmax(ys) <= 1 else None
-        fig.update_yaxes(title_text=GATE_TITLE, range=rng, secondary_y=True, showgrid=False)
+        unit = np.nanmin(ys) >= 0 and np.nanmax(ys) <= 1
+        fig.update_yaxes(title_text=GATE_TITLE, secondary_y=True, showgrid=False,
+                         **(dict(range=[0, 1.05], **GATE_TICKS) if unit else {}))
     fig.update_xaxes(title_text=STEP_TITLE)
     fig.update_yaxes(title_text=title, secondary_y=False, **({"range": [0, 1.05]} if prefix == "acc_" else {}))
-    fig.update_layout(title=dict(text="Evaluation during training"), height=420,
-                      legend=dict(title=dict(text="evaluated with")))
+    fig.update_layout(title=dict(text="Evaluation during training"), height=460,
+                      legend=dict(title=dict(text="evaluated with"), orientation="h", x=0, xanchor="left",
+                                  y=-0.2, yanchor="top"),
+                      margin=dict(b=130))
+    return fig
+
+
+# ------------------------------------------------------------------ developmental screens
+def class_count_figure(fractions: pd.DataFrame, shapes: pd.DataFrame | None = None) -> go.Figure:
+    """Heads in each class per revision (a screen's class table), as counts out of the heads screened.
+
+    ``fractions``: :func:`circuitfade.analysis.development.class_fractions` (``step, class,
+    count, n_heads``). Revisions are evenly spaced (they are usually log-spaced) and
+    labelled with their step. ``shapes`` (:func:`~circuitfade.analysis.development.emergence_shape`)
+    adds each class's emergence shape to its legend entry. Classes whose counts agree at
+    every revision are drawn once, named together ("induction = bos (identical counts)"),
+    so no line hides under another. Counts read better than fractions of a few heads
+    ("4 of 8" rather than "0.5").
+    """
+    if not isinstance(fractions, pd.DataFrame):
+        raise ValueError(f"fractions: expected a DataFrame (class_fractions), got {type(fractions).__name__}")
+    missing = [c for c in ("step", "class", "count", "n_heads") if c not in fractions.columns]
+    if missing:
+        raise ValueError(f"fractions: expected columns step, class, count, n_heads (class_fractions); missing {missing}")
+    if fractions.empty:
+        raise ValueError("fractions: no rows to plot")
+    steps = sorted(int(s) for s in fractions["step"].unique())
+    pos = {s: i for i, s in enumerate(steps)}
+    n_heads = int(fractions["n_heads"].max())
+    shape_of = {} if shapes is None else dict(zip(shapes["class"], shapes["shape"]))
+    wide = fractions.pivot(index="step", columns="class", values="count").sort_index()
+    classes = [c for c in dict.fromkeys(fractions["class"]) if c in wide.columns]
+    fig = go.Figure()
+    for group in _identical_groups(wide, classes):  # classes with the same counts at every revision: one line
+        label = " = ".join(f"{c} ({shape_of[c]})" if c in shape_of else str(c) for c in group)
+        label += " (identical counts)" if len(group) > 1 else ""
+        g = wide[group[0]]
+        name = " = ".join(map(str, group))
+        text = [f"{name}, step {int(s)}: {_fmt(k) if pd.isna(k) else int(k)} of {n_heads} heads" for s, k in g.items()]
+        fig.add_trace(go.Scatter(x=[pos[int(s)] for s in g.index], y=g.to_numpy(dtype=float), mode="lines+markers",
+                                 name=label, text=text, hovertemplate="%{text}<extra></extra>"))
+    fig.update_layout(
+        title=dict(text=f"Heads in each class (of {n_heads} heads screened)"),
+        xaxis=dict(title=dict(text="revision (training step)"), tickmode="array", tickvals=list(range(len(steps))),
+                   ticktext=[str(s) for s in steps]),
+        yaxis=dict(title=dict(text="heads in the class"), range=[-0.3, n_heads + 0.3], dtick=max(1, n_heads // 8)),
+        height=420, legend=dict(title=dict(text="class (emergence)")),
+    )
     return fig

@@ -22,8 +22,6 @@ The flow (:func:`analyze`), composed from the layers below:
 from __future__ import annotations
 
 import argparse
-import html
-import math
 import numbers
 import sys
 import time
@@ -46,15 +44,12 @@ from circuitfade.analysis import (
 from circuitfade.gating.evaluation import has_gates
 from circuitfade.io import atomic_write, check_outputs, default_output_dir
 from circuitfade.store import CheckpointSeries, attach, trace
-from circuitfade.tasks import Batch, Task, eval_set, make_task
-from circuitfade.train.loop import EVAL_SEED, read_metrics
+from circuitfade.viz.html import Note, Section, Table, page
+from circuitfade.viz.tables import markdown_table
+from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_label, eval_set, parse_task_args
+from circuitfade.train.loop import read_metrics
 
 __all__ = ["analyze", "analyze_main", "build_parser", "markdown_table", "report_html", "default_report_path"]
-
-
-def _diagnostics(model, batch: Batch, task: Task) -> pd.DataFrame:
-    """:func:`head_diagnostics` with zero-gate ablation for gated models, plain ablation otherwise."""
-    return head_diagnostics(model, batch, task, ablation_gates="zero" if has_gates(model) else None)
 
 
 def _thin(series: CheckpointSeries, every: int | None) -> CheckpointSeries:
@@ -78,9 +73,10 @@ def analyze(
     source,
     out_html: str | Path | None = None,
     *,
-    n: int = 256,
+    n: int = EVAL_SIZE,
+    seed: int = EVAL_SEED,
     every: int | None = None,
-    task: Task | None = None,
+    task: Task | str | Mapping | Batch | None = None,
     thresholds: Mapping[str, float] = DEFAULT_THRESHOLDS,
     progress: bool = True,
 ) -> dict:
@@ -90,11 +86,13 @@ def analyze(
         source: a :class:`CheckpointSeries` or anything :func:`circuitfade.store.attach`
             accepts (a circuitfade run directory, state-dict files, models in memory, ...).
         out_html: if given, the HTML report is written there (one self-contained file).
-        n: evaluation examples (``eval_set(task, n, EVAL_SEED)``: a circuitfade run's own
-            eval set, truncated to ``n``) for tracing and for the intervention table.
+        n, seed: the evaluation set ``eval_set(task, n, seed)`` for tracing and for the
+            intervention table; default the package's one convention (512 examples,
+            ``EVAL_SEED``: a circuitfade run's own eval set, the one ``metrics.csv`` logs).
         every: analyse only checkpoints ``first + k * every`` (and always the last).
-        task: the task to evaluate on; default the series' own (circuitfade runs). Other
-            sources need it (``ValueError`` otherwise).
+        task: the task to evaluate on (a Task, a task name, a dict ``{"name": ..., **config}``
+            or your own :class:`~circuitfade.tasks.Batch`); default the series' own
+            (circuitfade runs). Other sources need it (``ValueError`` otherwise).
         thresholds: ``{metric: threshold}`` of the consolidation timeline (default the
             paper's: successor mass >= .25, ablation importance >= .03).
         progress: show a progress bar while tracing.
@@ -105,26 +103,25 @@ def analyze(
         (DataFrame, or ``None`` for models without gates), ``"metrics"`` (the run's
         ``metrics.csv`` or ``None``), ``"notes"`` (list of str: what was skipped and why),
         ``"figures"`` (``{name: go.Figure}``, in report order), ``"html"`` (the path
-        written, or ``None``)``}``.
+        written, or ``None``), ``"eval"`` (``"eval: N examples, seed S"``)``}``.
     """
     series = source if isinstance(source, CheckpointSeries) else attach(source)
     if len(series) == 0:
         raise ValueError("the series has no checkpoints to analyse")
     series = _thin(series, every)
-    task = task if task is not None else series.task
+    task = as_task(task if task is not None else series.task)
     if task is None:
         raise ValueError(
-            f"{series.source}: not a circuitfade run, so the task is unknown; pass task= "
-            "(e.g. circuitfade.tasks.make_task('assoc')) or --task NAME"
+            f"{series.source}: this series has no task; pass task= (a name such as 'assoc', a dict, a Task "
+            "or your own Batch) or --task NAME"
         )
-    if not isinstance(task, Task):
-        raise ValueError(f"task: expected a circuitfade.tasks.Task, got {type(task).__name__}")
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"n: expected a positive number of examples, got {n!r}")
-    batch = eval_set(task, n=int(n), seed=EVAL_SEED)
+    batch = eval_set(task, n=int(n), seed=int(seed))
+    evaluation = eval_label(len(batch), seed)
     notes: list[str] = []
 
-    traced = trace(series, {"head_diagnostics": _diagnostics}, task, batch=batch, progress=progress)
+    traced = trace(series, {"head_diagnostics": head_diagnostics}, task, batch=batch, progress=progress)
     gz = None if "gate_zero_step" in traced.columns else series.gate_zero_step()
     timeline = consolidation_timeline(traced, thresholds, gate_zero_step=gz)
     long = timeline_long(traced, thresholds, gate_zero_step=gz)
@@ -165,6 +162,7 @@ def analyze(
     result = {
         "series": series, "task": task, "traced": traced, "timeline": timeline, "timeline_long": long,
         "interventions": interventions, "metrics": metrics, "notes": notes, "figures": figures, "html": None,
+        "eval": evaluation,
     }
     if out_html is not None:
         out = Path(out_html)
@@ -175,69 +173,37 @@ def analyze(
 
 
 # -------------------------------------------------------------------------- output
-def _cell(v) -> str:
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-        return "NA"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """``df`` as a GitHub-flavoured markdown table (no index; floats with 4 significant
-    digits, missing values as ``NA``). No dependency on ``tabulate``."""
-    header = "| " + " | ".join(_cell(c) for c in df.columns) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in df.itertuples(index=False, name=None)]
-    return "\n".join([header, rule, *body])
-
-
-def _html_table(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}", border=0, classes="table")
-
-
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
-table.table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0 1.5em; }
-table.table th, table.table td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; }
-.note { color: #666; font-style: italic; }
-.figure { margin-bottom: 2em; }
-"""
+def report_sections(result: Mapping) -> list[Section]:
+    """The sections of :func:`report_html`: figures first, then the tables and notes."""
+    figs = list(result["figures"].values())
+    timeline = result["timeline"]
+    sections = [Section("Figures", figs)] if figs else []
+    sections.append(Section("Consolidation timeline", [
+        "First checkpoint step at which any head reaches the threshold (successor-value mass >= .25, "
+        "zero-gate mean-ablation accuracy drop >= .03 by default), that head, the top head at the last "
+        "checkpoint, and whether the crossing came after the gate reached zero.",
+        Table(timeline, transpose=len(timeline) <= 3),
+    ]))
+    if result.get("interventions") is not None:
+        sections.append(Section("Gate interventions (final checkpoint)", [result["interventions"]]))
+    notes = [Note(n) for n in result.get("notes", [])]
+    if notes:
+        sections.append(Section("Notes", notes))
+    return sections
 
 
 def report_html(result: Mapping, *, title: str = "circuitfade analysis") -> str:
-    """One self-contained HTML page from an :func:`analyze` result.
+    """One self-contained HTML page from an :func:`analyze` result (:func:`circuitfade.viz.html.page`).
 
-    Sections: series description, the consolidation timeline and gate intervention
-    tables, notes, then every figure in ``result["figures"]`` order. plotly.js is
-    embedded once (with the first figure), so the file works offline.
+    A line describing the series, then every figure in ``result["figures"]`` order,
+    the consolidation timeline (transposed: one row per column, as it is wide), the gate
+    intervention table and the notes. plotly.js is embedded once, so the file works offline.
     """
     series = result["series"]
     meta = ", ".join(f"{k} = {v}" for k, v in series.metadata.items() if k != "run_dir")
-    parts = [
-        "<!DOCTYPE html>",
-        '<html><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>Source: <code>{html.escape(str(series.source))}</code>; {len(series)} checkpoints, steps "
-        f"{series.steps[0]}&ndash;{series.steps[-1]}; task <code>{html.escape(getattr(result['task'], 'name', '?'))}"
-        f"</code>{'; ' + html.escape(meta) if meta else ''}.</p>",
-        "<h2>Consolidation timeline</h2>",
-        "<p>First checkpoint step at which any head reaches the threshold (successor-value mass &ge; .25, "
-        "zero-gate mean-ablation accuracy drop &ge; .03 by default), that head, the top head at the last "
-        "checkpoint, and whether the crossing came after the gate reached zero.</p>",
-        _html_table(result["timeline"]),
-    ]
-    if result.get("interventions") is not None:
-        parts += ["<h2>Gate interventions (final checkpoint)</h2>", _html_table(result["interventions"])]
-    for note in result.get("notes", []):
-        parts.append(f'<p class="note">{html.escape(note)}</p>')
-    parts.append("<h2>Figures</h2>")
-    for i, fig in enumerate(result["figures"].values()):
-        div = fig.to_html(full_html=False, include_plotlyjs=i == 0, default_height=f"{fig.layout.height or 450}px")
-        parts.append(f'<div class="figure">{div}</div>')
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    intro = (f"Source: {series.source}; {len(series)} checkpoints, steps {series.steps[0]}-{series.steps[-1]}; "
+             f"task {getattr(result['task'], 'name', '?')}{'; ' + meta if meta else ''}; {result.get('eval', '')}.")
+    return page(title, report_sections(result), intro=intro)
 
 
 def default_report_path(source: str | Path) -> Path:
@@ -257,9 +223,12 @@ def build_parser(prog: str = "circuitfade analyze") -> argparse.ArgumentParser:
     ap.add_argument("--out", metavar="FILE",
                     help="HTML report path (default reports/<RUN_DIR name>-analysis/analysis.html)")
     ap.add_argument("--force", action="store_true", help="replace the report if it exists")
-    ap.add_argument("--n", type=int, default=256, help="evaluation examples (default 256)")
+    ap.add_argument("--n", type=int, default=EVAL_SIZE, help=f"evaluation examples (default {EVAL_SIZE})")
+    ap.add_argument("--seed", type=int, default=EVAL_SEED, help=f"evaluation seed (default {EVAL_SEED}, the trainer's)")
     ap.add_argument("--every", type=int, metavar="STEPS", help="analyse only every STEPS steps (last always kept)")
     ap.add_argument("--task", metavar="NAME", help="task for sources that are not circuitfade runs (e.g. assoc)")
+    ap.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="task config argument (repeatable; typed by the task's config fields), with --task")
     ap.add_argument("--config", metavar="JSON", help="model config for a folder of state-dict files (attach config=)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     return ap
@@ -273,14 +242,16 @@ def analyze_main(argv: list[str] | None = None) -> int:
         out = Path(ns.out) if ns.out else default_report_path(ns.run_dir)
         check_outputs([out], force=ns.force)  # before any tracing
         source = attach(ns.run_dir, config=ns.config) if ns.config else ns.run_dir
-        task = make_task(ns.task) if ns.task else None
-        res = analyze(source, out, n=ns.n, every=ns.every, task=task, progress=not ns.quiet)
+        if ns.task_arg and not ns.task:
+            raise ValueError("--task-arg needs --task NAME")
+        task = parse_task_args(ns.task, ns.task_arg) if ns.task else None
+        res = analyze(source, out, n=ns.n, seed=ns.seed, every=ns.every, task=task, progress=not ns.quiet)
     except (ValueError, FileNotFoundError) as e:
         print(f"circuitfade analyze: error: {e}", file=sys.stderr)
         return 2
     series = res["series"]
     print(f"{series.source}: {len(series)} checkpoints (steps {series.steps[0]}..{series.steps[-1]}), "
-          f"task {res['task'].name}, n = {ns.n}\n")
+          f"task {res['task'].name}; {res['eval']}\n")
     print("Consolidation timeline:\n")
     print(markdown_table(res["timeline"]))
     if res["interventions"] is not None:

@@ -1,0 +1,353 @@
+"""TransformerLens 3.9 and 4.x: the one module outside :mod:`circuitfade.model` that knows
+which line is installed.
+
+TransformerLens 4 removed ``HookedTransformer``, ``HookedTransformerConfig``,
+``transformer_lens.components`` and the ``loading_from_pretrained`` stack;
+``TransformerBridge`` (``boot_native``, ``boot_transformers``) replaces them. What both
+lines share (``HookPoint``, ``ActivationCache``, ``hook_dict``, ``run_with_cache``,
+``run_with_hooks``, ``hooks()``, ``cfg.n_layers``/``n_heads``/``d_vocab``/``n_ctx``, the
+``W_Q``/``W_E``/... weight views, the ``blocks.{l}.attn.hook_*`` names in compatibility
+mode) is used directly by the analysis code; everything that differs is here:
+
+* :func:`is_tl4`, :func:`tl_version`: which line is installed;
+* :func:`make_config`, :func:`is_config`, :func:`config_fields`: plain-model configs
+  (``HookedTransformerConfig`` on 3.x, ``TransformerBridgeConfig`` on 4.x);
+* :func:`plain_model`: a plain model from a config (a ``HookedTransformer``, or a
+  ``TransformerBridge.boot_native`` bridge in compatibility mode without weight
+  processing, so hook names, shapes and numerics are the ``HookedTransformer`` ones);
+* :func:`native_state_dict`: a ``HookedTransformer``-format state dict
+  (``blocks.0.attn.W_Q`` ...) in the form ``plain_model(cfg).load_state_dict`` takes;
+* :func:`model_from_hf`: a TransformerLens model of a loaded ``transformers`` model
+  (local folders, offline);
+* :func:`load_hub_model`: a hub model revision (needs network);
+* :func:`is_tl_model`: whether an object is a TransformerLens model of either line;
+* :func:`require_tl3`: the one-line error for features that need the 3.x line (the
+  soft-prior model subclasses ``HookedTransformer``; see the README's
+  "TransformerLens 4" section).
+
+Nothing here imports TransformerLens at import time (``import circuitfade`` stays
+cheap); the line is detected on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import importlib.util
+import inspect
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from circuitfade.io import CheckpointError
+
+__all__ = [
+    "TLLineError",
+    "is_tl4",
+    "tl_version",
+    "require_tl3",
+    "config_class_name",
+    "config_fields",
+    "config_required_fields",
+    "make_config",
+    "is_config",
+    "plain_model",
+    "native_state_dict",
+    "model_from_hf",
+    "load_hub_model",
+    "is_tl_model",
+]
+
+TRAINING_LINE = "transformer-lens>=3.9,<4"
+"""The requirement of the training line (the soft-prior model and the trainer)."""
+
+
+class TLLineError(RuntimeError):
+    """A feature that the installed TransformerLens line does not provide."""
+
+
+# --------------------------------------------------------------------------------------
+# which line
+# --------------------------------------------------------------------------------------
+@functools.cache
+def is_tl4() -> bool:
+    """True if the installed TransformerLens is 4.x or later (no ``HookedTransformer``).
+
+    Detected by feature (3.x ships the ``transformer_lens.HookedTransformer`` module,
+    4.x does not), so source checkouts with odd version strings are classified right.
+    """
+    return importlib.util.find_spec("transformer_lens.HookedTransformer") is None
+
+
+@functools.cache
+def tl_version() -> str:
+    """The installed ``transformer-lens`` version string (``"unknown"`` if not recorded)."""
+    try:
+        return version("transformer-lens")
+    except PackageNotFoundError:  # pragma: no cover - source checkouts
+        return "unknown"
+
+
+def require_tl3(what: str) -> None:
+    """Raise :class:`TLLineError` (one line) if ``what`` is used under TransformerLens 4."""
+    if is_tl4():
+        raise TLLineError(
+            f"{what} needs TransformerLens 3.x (it subclasses HookedTransformer, which TransformerLens 4 "
+            f"removed; installed: transformer-lens {tl_version()}): pip install '{TRAINING_LINE}'. "
+            "Analyses of TransformerBridge models work on 4.x (README: TransformerLens 4)"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# plain-model configs
+# --------------------------------------------------------------------------------------
+def _config_class():
+    if is_tl4():
+        from transformer_lens.config import TransformerBridgeConfig
+
+        return TransformerBridgeConfig
+    from transformer_lens import HookedTransformerConfig
+
+    return HookedTransformerConfig
+
+
+def config_class_name() -> str:
+    """``"HookedTransformerConfig"`` (3.x) or ``"TransformerBridgeConfig"`` (4.x)."""
+    return _config_class().__name__
+
+
+def is_config(obj) -> bool:
+    """Whether ``obj`` is a plain-model config object of the installed line."""
+    return isinstance(obj, _config_class())
+
+
+@functools.cache
+def config_fields() -> frozenset[str]:
+    """Names a plain-model config accepts (for rejecting unknown fields by name).
+
+    ``TransformerBridgeConfig.from_dict`` drops unknown keys silently, so callers
+    check against this set first.
+    """
+    cls = _config_class()
+    if not is_tl4():
+        return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+    names = set()
+    for c in cls.__mro__:
+        try:
+            sig = inspect.signature(c.__init__)
+        except (TypeError, ValueError):
+            continue
+        names |= {p.name for p in sig.parameters.values() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return frozenset(names - {"self"})
+
+
+@functools.cache
+def config_required_fields() -> tuple[str, ...]:
+    """Fields a plain-model config cannot do without, in declaration order
+    (``n_layers``, ``d_model``, ``n_ctx``, ``d_head`` on both lines)."""
+    cls = _config_class()
+    if not is_tl4():
+        return tuple(f.name for f in dataclasses.fields(cls)
+                     if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    params = inspect.signature(cls.__init__).parameters.values()
+    return tuple(p.name for p in params if p.name != "self" and p.default is p.empty
+                 and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+
+
+def make_config(d: Mapping):
+    """A plain-model config of the installed line from a dict of its fields.
+
+    Raises ValueError naming unknown fields; the config class's own errors
+    (``TypeError``/``ValueError``/``AssertionError``) propagate.
+    """
+    d = dict(d)
+    unknown = sorted(set(d) - config_fields())
+    if unknown:
+        raise ValueError(f"unknown {config_class_name()} fields {unknown}")
+    return _config_class()(**d)
+
+
+def _as_config(config):
+    if isinstance(config, Mapping):
+        return make_config(config)
+    if not is_config(config):
+        raise ValueError(f"expected a {config_class_name()} or a dict of its fields, got {type(config).__name__}")
+    return config
+
+
+# --------------------------------------------------------------------------------------
+# plain models
+# --------------------------------------------------------------------------------------
+def plain_model(config, device: str = "cpu", *, init_weights: bool = True, meta: bool = False) -> nn.Module:
+    """A plain TransformerLens model for ``config`` (a config object or a dict of its fields).
+
+    3.x: ``HookedTransformer(cfg)``. 4.x: ``TransformerBridge.boot_native(cfg)`` with
+    ``enable_compatibility_mode(no_processing=True)``: ``HookedTransformer`` hook
+    names and shapes, weights as given (no folding). ``init_weights=False`` skips the
+    random init (the weights are about to be overwritten); ``meta=True`` builds on
+    the meta device (shapes only, no memory).
+    """
+    cfg = _as_config(config)
+    if is_tl4():  # TransformerBridgeConfig has a hand-written __init__: replace() would drop fields
+        cfg = copy.deepcopy(cfg)
+        cfg.init_weights, cfg.device = init_weights, device
+    else:
+        cfg = dataclasses.replace(cfg, init_weights=init_weights, device=device)
+    where = torch.device("meta") if meta else contextlib.nullcontext()
+    if is_tl4():
+        from transformer_lens import TransformerBridge
+
+        with where:
+            bridge = TransformerBridge.boot_native(cfg)
+        bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
+        return bridge
+    from transformer_lens import HookedTransformer
+
+    with where:
+        return HookedTransformer(cfg, move_to_device=False)
+
+
+def native_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """``state_dict`` in the form ``model.load_state_dict`` takes.
+
+    3.x: unchanged. 4.x, for a ``boot_native`` bridge and a ``HookedTransformer``-format
+    state dict (``embed.W_E``, ``blocks.0.attn.W_Q`` ``[head, d_model, d_head]``, ...):
+    TransformerLens's ``convert_tl_checkpoint`` (per-head shapes checked against the
+    config; ``mask``/``IGNORE`` buffers dropped). A dict already in bridge form passes
+    unchanged. Works on meta tensors (header checks). Raises ValueError for a tensor
+    that does not fit the config.
+    """
+    sd = dict(state_dict)
+    if not is_tl4() or not any(".W_" in k or k.endswith((".w", ".b")) or ".b_" in k for k in sd):
+        return sd
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+    return convert_tl_checkpoint(sd, model.cfg)
+
+
+def is_tl_model(obj) -> bool:
+    """Whether ``obj`` is a TransformerLens model of the installed line
+    (a ``HookedRootModule`` such as ``HookedTransformer`` on 3.x, a ``TransformerBridge``
+    on 4.x)."""
+    from transformer_lens import HookedRootModule
+
+    if isinstance(obj, HookedRootModule):
+        return True
+    from transformer_lens.model_bridge import TransformerBridge
+
+    return isinstance(obj, TransformerBridge)
+
+
+# --------------------------------------------------------------------------------------
+# Hugging Face models
+# --------------------------------------------------------------------------------------
+def model_from_hf(load_hf: Callable[[], nn.Module], model_dir: Path, config: Mapping, arch: str, *, device: str,
+                  dtype: torch.dtype, process: bool, tokenizer=None) -> nn.Module:
+    """A TransformerLens model of the ``transformers`` model ``load_hf()`` (read from the
+    local folder ``model_dir`` whose parsed ``config.json`` is ``config``), offline.
+    ``load_hf`` is called once; on 3.x the HF model is dropped before the TransformerLens
+    model is built, so at most two copies of the weights are alive at once.
+
+    3.x: TransformerLens's config conversion run on a copy of ``config.json`` in a
+    neutral temporary folder (TL picks some architectures by substrings of the *name*,
+    such as "llama", so the real path is never shown to it), its weight converter, and
+    ``HookedTransformer.load_and_process_state_dict``. 4.x:
+    ``TransformerBridge.boot_transformers(model_dir, hf_model=hf)`` (the architecture
+    comes from ``hf.config``; nothing is downloaded) and
+    ``enable_compatibility_mode(no_processing=not process)``. Either way ``process=False``
+    keeps the trained weights (logits equal the HF model's) and ``process=True`` applies
+    ``fold_ln``, ``center_writing_weights``, ``center_unembed``, ``fold_value_biases``.
+    Raises :class:`~circuitfade.io.CheckpointError` if TransformerLens reads another
+    architecture than ``arch``.
+    """
+    hf = load_hf()
+    if is_tl4():
+        from transformer_lens import TransformerBridge
+
+        bridge = TransformerBridge.boot_transformers(str(model_dir), hf_model=hf, device=device, dtype=dtype,
+                                                     tokenizer=tokenizer)
+        if tokenizer is None:
+            bridge.tokenizer = None  # as on 3.x: token ids only unless the folder has a tokenizer
+        bridge.cfg.model_name = model_dir.name
+        bridge.enable_compatibility_mode(no_processing=not process, disable_warnings=True)
+        return bridge.eval()
+    from transformer_lens import HookedTransformer
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    tmp = Path(tempfile.mkdtemp(prefix="circuitfade_hf_"))
+    try:
+        neutral = tmp / "model"
+        neutral.mkdir()
+        neutral_cfg = dict(config)
+        if arch == "GPT2LMHeadModel" and "n_ctx" not in neutral_cfg:
+            # transformers >= 5 no longer writes GPT-2's n_ctx; TL reads it (== n_positions)
+            neutral_cfg["n_ctx"] = neutral_cfg.get("n_positions", 1024)
+        (neutral / "config.json").write_text(json.dumps(neutral_cfg))
+        cfg = tl_loading.get_pretrained_model_config(
+            str(neutral), hf_cfg=hf.config.to_dict(), fold_ln=process, device=device, dtype=dtype,
+            local_files_only=True,
+        )
+        if cfg.original_architecture != arch:
+            raise CheckpointError(
+                f"{model_dir}: TransformerLens read architecture {cfg.original_architecture!r}, config says {arch!r}"
+            )
+        cfg.model_name = model_dir.name
+        cfg.tokenizer_name = None
+        with torch.no_grad():
+            sd = tl_loading.get_pretrained_state_dict(str(neutral), cfg, hf, dtype=dtype)
+            sd = {k: v.detach().clone() for k, v in sd.items()}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    del hf
+    model = HookedTransformer(cfg, tokenizer, move_to_device=True)
+    model.load_and_process_state_dict(
+        sd, fold_ln=process, center_writing_weights=process, center_unembed=process, fold_value_biases=process,
+    )
+    return model.eval()
+
+
+def load_hub_model(model_name: str, revision: str, step: int | None, *, backend: str, device: str,
+                   dtype: torch.dtype, process: bool, checkpoint_families: tuple[str, ...] = ()) -> nn.Module:
+    """One revision of a hub model (downloads; see ``circuitfade.store.load_revision``).
+
+    ``backend``: ``"hooked"`` (3.x only), ``"bridge"`` or ``"auto"`` (``"hooked"`` for
+    TransformerLens 3's official model names, else ``"bridge"``; always ``"bridge"``
+    on 4.x).
+    """
+    if backend == "auto":
+        if is_tl4():
+            backend = "bridge"
+        else:
+            from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES
+
+            backend = "hooked" if model_name in OFFICIAL_MODEL_NAMES else "bridge"
+    if backend == "hooked":
+        if is_tl4():
+            raise TLLineError(
+                f"backend='hooked' needs TransformerLens 3.x (installed: {tl_version()}); use backend='bridge'"
+            )
+        from transformer_lens import HookedTransformer
+
+        flags = dict(fold_ln=process, center_writing_weights=process, center_unembed=process,
+                     fold_value_biases=process)
+        if model_name.startswith(checkpoint_families):
+            return HookedTransformer.from_pretrained(
+                model_name, checkpoint_value=step, device=device, dtype=dtype, **flags
+            ).eval()
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(model_name, revision=revision, dtype=dtype)
+        return HookedTransformer.from_pretrained(model_name, hf_model=hf, device=device, dtype=dtype, **flags).eval()
+    from transformer_lens.model_bridge import TransformerBridge
+
+    bridge = TransformerBridge.boot_transformers(model_name, revision=revision, device=device, dtype=dtype)
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=not process)
+    return bridge.eval()

@@ -1,0 +1,282 @@
+"""Statistics shared by every measurement and experiment: one copy of each.
+
+* Proportions (accuracy pooled over answer positions): :func:`binomial_se`,
+  :func:`wilson_interval`.
+* Means of per-item values: :func:`mean_se`; pooled ratios with examples as clusters
+  (loss over answer positions, accuracy of multi-answer sequences): :func:`ratio_se`,
+  :func:`proportion_interval`.
+* Bootstrap over evaluation examples: :func:`bootstrap_weights` draws ``R``
+  resamples of ``n`` examples with replacement once (as count weights ``[R, n]``),
+  :func:`bootstrap_ratio` turns per-example sums into ``R`` resampled ratio
+  estimates with one matrix product (so every head, every step and every metric can
+  share the same resamples), :func:`percentile_interval` reads an interval off them.
+* Across seeds: :func:`seed_summary` (mean, sd, sem, Student-t interval), with the
+  Student-t CDF/quantile (:func:`t_cdf`, :func:`t_quantile`, :func:`t_interval`).
+* Comparing intervals: :func:`compare_intervals` (``"higher"``, ``"lower"`` or
+  ``"overlap"``), :func:`difference_interval` (normal interval of ``a - b``).
+
+Everything is plain ``numpy`` (no torch, no scipy) and sits at the bottom of the
+package's layers.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from statistics import NormalDist
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_LEVEL",
+    "DEFAULT_RESAMPLES",
+    "binomial_se",
+    "bootstrap_ratio",
+    "bootstrap_weights",
+    "compare_intervals",
+    "difference_interval",
+    "mean_se",
+    "normal_interval",
+    "percentile_interval",
+    "proportion_interval",
+    "ratio_se",
+    "seed_summary",
+    "t_cdf",
+    "t_interval",
+    "t_quantile",
+    "wilson_interval",
+    "z_value",
+]
+
+DEFAULT_LEVEL = 0.95
+"""Coverage of every interval unless told otherwise."""
+
+DEFAULT_RESAMPLES = 200
+"""Bootstrap resamples used by the per-head diagnostics unless told otherwise."""
+
+
+def _check_level(level: float) -> float:
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ValueError(f"level: expected a coverage in (0, 1), got {level!r}")
+    return float(level)
+
+
+def z_value(level: float = DEFAULT_LEVEL) -> float:
+    """The standard normal quantile ``z`` with ``P(|Z| <= z) = level`` (1.96 for 0.95)."""
+    return NormalDist().inv_cdf((1 + _check_level(level)) / 2)
+
+
+# ------------------------------------------------------------------------- proportions
+def binomial_se(p: float, n: int) -> float:
+    """Standard error ``sqrt(p (1 - p) / n)`` of a proportion ``p`` measured on ``n`` trials.
+
+    NaN for ``n <= 0`` or a non-finite ``p``.
+    """
+    p, n = float(p), float(n)
+    if n <= 0 or not math.isfinite(p):
+        return math.nan
+    return math.sqrt(max(p * (1 - p), 0.0) / n)
+
+
+def wilson_interval(k: float, n: float, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+    """Wilson score interval ``(lo, hi)`` of a proportion with ``k`` successes in ``n`` trials.
+
+    Unlike ``p ± z·se`` it stays inside [0, 1] and is not degenerate at ``p = 0`` or 1.
+    ``(NaN, NaN)`` for ``n <= 0``.
+    """
+    n = float(n)
+    if n <= 0 or not math.isfinite(float(k)):
+        return (math.nan, math.nan)
+    z = z_value(level)
+    p = float(k) / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denom
+    lo, hi = max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if float(k) <= 0 else min(lo, p), 1.0 if float(k) >= n else max(hi, p))
+
+
+def mean_se(values) -> tuple[float, float]:
+    """``(mean, sd / sqrt(n))`` of finite ``values`` (sd with ``n - 1``); se NaN for n < 2."""
+    x = np.asarray(values, dtype=float).reshape(-1)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return (math.nan, math.nan)
+    if x.size < 2:
+        return (float(x.mean()), math.nan)
+    return (float(x.mean()), float(x.std(ddof=1) / math.sqrt(x.size)))
+
+
+def ratio_se(numerators, denominators) -> float:
+    """Standard error of the pooled ratio ``Σ num / Σ den`` with examples as clusters.
+
+    ``numerators``: per-example sums (correct answers, summed loss); ``denominators``:
+    per-example counts (answer positions). The usual linearised (cluster-robust)
+    estimate ``sqrt(n/(n-1) · Σ_b (num_b - r·den_b)²) / Σ den``, right when an example's
+    answer positions are correlated. NaN for fewer than two examples with answers.
+    """
+    num = np.asarray(numerators, dtype=float).reshape(-1)
+    den = np.asarray(denominators, dtype=float).reshape(-1)
+    keep = den > 0
+    num, den = num[keep], den[keep]
+    if num.size < 2 or not np.isfinite(num).all():
+        return math.nan
+    r = num.sum() / den.sum()
+    return float(math.sqrt(num.size / (num.size - 1) * float(((num - r * den) ** 2).sum())) / den.sum())
+
+
+def proportion_interval(correct, counts, level: float = DEFAULT_LEVEL) -> dict[str, float | str]:
+    """Point value, standard error and interval of an accuracy pooled over answer positions.
+
+    ``correct``/``counts``: per-example correct answers and answer positions. If every
+    example has at most one answer position the answers are independent trials:
+    binomial ``se`` and the Wilson interval (``method="binomial"``). Otherwise an
+    example's answers are correlated: the by-example :func:`ratio_se` and a normal
+    interval clipped to [0, 1] (``method="cluster"``).
+
+    Returns ``{"value", "se", "lo", "hi", "n", "method"}`` (``n``: answer positions).
+    """
+    c = np.asarray(correct, dtype=float).reshape(-1)
+    k = np.asarray(counts, dtype=float).reshape(-1)
+    n = float(k.sum())
+    if n <= 0 or not np.isfinite(c).all():
+        return {"value": math.nan, "se": math.nan, "lo": math.nan, "hi": math.nan, "n": n, "method": "none"}
+    p = float(c.sum() / n)
+    if float(k.max()) <= 1:
+        lo, hi = wilson_interval(c.sum(), n, level)
+        return {"value": p, "se": binomial_se(p, n), "lo": lo, "hi": hi, "n": n, "method": "binomial"}
+    se = ratio_se(c, k)
+    lo, hi = normal_interval(p, se, level)
+    return {"value": p, "se": se, "lo": max(0.0, lo), "hi": min(1.0, hi), "n": n, "method": "cluster"}
+
+
+def normal_interval(value: float, se: float, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+    """``value ± z·se``."""
+    half = z_value(level) * float(se)
+    return (float(value) - half, float(value) + half)
+
+
+# --------------------------------------------------------------------------- bootstrap
+def bootstrap_weights(n: int, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> np.ndarray:
+    """Count weights ``[resamples, n]`` of a nonparametric bootstrap over ``n`` examples.
+
+    Row ``r`` says how often each example occurs in resample ``r`` (``n`` draws with
+    replacement, so every row sums to ``n``). Deterministic in ``(n, resamples, seed)``,
+    so the same resamples can be applied to every head, step and metric measured on
+    the same evaluation set (resample ``r`` is then one coherent alternative eval set).
+    """
+    for name, v in (("n", n), ("resamples", resamples)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(int(resamples), int(n)))
+    w = np.zeros((int(resamples), int(n)), dtype=np.float64)
+    np.add.at(w, (np.repeat(np.arange(int(resamples)), int(n)), idx.reshape(-1)), 1.0)
+    return w
+
+
+def bootstrap_ratio(numerators, denominators, weights: np.ndarray) -> np.ndarray:
+    """Resampled ratio estimates ``(w @ num) / (w @ den)``.
+
+    ``numerators``: per-example sums ``[n, ...]`` (e.g. successor mass summed over an
+    example's answer positions, or its number of correct answers); ``denominators``:
+    per-example counts ``[n]`` (answer positions). With the weights of
+    :func:`bootstrap_weights` this is the pooled estimate recomputed on each resample,
+    shape ``[R, ...]`` (NaN where a resample has no answer positions).
+    """
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64).reshape(-1)
+    w = np.asarray(weights, dtype=np.float64)
+    if num.shape[0] != den.shape[0] or w.shape[1] != den.shape[0]:
+        raise ValueError(
+            f"bootstrap_ratio: numerators {num.shape}, denominators {den.shape} and weights {w.shape} "
+            "must share the example dimension"
+        )
+    top = (w @ num.reshape(num.shape[0], -1)).reshape((w.shape[0],) + num.shape[1:])
+    bottom = w @ den
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return top / bottom.reshape((-1,) + (1,) * (num.ndim - 1))
+
+
+def percentile_interval(boot, level: float = DEFAULT_LEVEL, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval ``(lo, hi)`` of resampled estimates along ``axis``.
+
+    NaN resamples are ignored; all-NaN slices give NaN.
+    """
+    level = _check_level(level)
+    b = np.asarray(boot, dtype=np.float64)
+    q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices -> NaN
+        lo, hi = np.nanpercentile(b, q, axis=axis)
+    return lo, hi
+
+
+# ------------------------------------------------------------------------- Student t
+def t_cdf(t: float, df: int) -> float:
+    """Student-t CDF with ``df`` degrees of freedom (Simpson integration, accurate to ~1e-10)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    n = 4000
+    a, h = abs(t), abs(t) / n
+    f = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
+    area = h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+    return 0.5 + math.copysign(area, t)
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The ``q`` quantile (``q >= 0.5``) of the Student-t distribution, by bisection on :func:`t_cdf`."""
+    lo, hi = 0.0, 1000.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_interval(values: Sequence[float], level: float = DEFAULT_LEVEL) -> tuple[float, float, float]:
+    """``(mean, lo, hi)``: Student-t interval ``mean ± t_{(1+level)/2, n-1} · sd / √n``
+    (``sd`` with ``n-1``); ``lo = hi = NaN`` for fewer than two finite values."""
+    x = np.asarray([float(v) for v in values if not math.isnan(float(v))])
+    if x.size == 0:
+        return (math.nan, math.nan, math.nan)
+    m = float(x.mean())
+    if x.size < 2:
+        return (m, math.nan, math.nan)
+    half = t_quantile((1 + level) / 2, x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return (m, m - half, m + half)
+
+
+def seed_summary(values: Sequence[float], level: float = DEFAULT_LEVEL) -> dict[str, float]:
+    """Across-seed summary of finite ``values``: ``{"mean", "sd", "sem", "lo", "hi", "n"}``.
+
+    ``sd`` with ``n - 1``; ``lo, hi`` the Student-t interval of the mean
+    (:func:`t_interval`); NaN where undefined (``sd``, ``sem``, ``lo``, ``hi`` for n < 2).
+    """
+    x = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    m, lo, hi = t_interval(x, level)
+    sd = float(np.std(x, ddof=1)) if len(x) >= 2 else math.nan
+    return {"mean": m, "sd": sd, "sem": sd / math.sqrt(len(x)) if len(x) >= 2 else math.nan,
+            "lo": lo, "hi": hi, "n": len(x)}
+
+
+# ---------------------------------------------------------------------- comparisons
+def compare_intervals(a: tuple[float, float], b: tuple[float, float]) -> str:
+    """``"higher"`` if interval ``a`` lies entirely above ``b``, ``"lower"`` if entirely
+    below, ``"overlap"`` otherwise, ``"unknown"`` if either bound is NaN."""
+    (alo, ahi), (blo, bhi) = a, b
+    if any(not math.isfinite(float(v)) for v in (alo, ahi, blo, bhi)):
+        return "unknown"
+    if alo > bhi:
+        return "higher"
+    if ahi < blo:
+        return "lower"
+    return "overlap"
+
+
+def difference_interval(a: float, se_a: float, b: float, se_b: float,
+                        level: float = DEFAULT_LEVEL) -> tuple[float, float, float]:
+    """``(a - b, lo, hi)`` with the normal interval of independent estimates
+    (``se = sqrt(se_a² + se_b²)``)."""
+    d = float(a) - float(b)
+    lo, hi = normal_interval(d, math.hypot(float(se_a), float(se_b)), level)
+    return (d, lo, hi)
