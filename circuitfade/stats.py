@@ -286,6 +286,15 @@ def difference_interval(a: float, se_a: float, b: float, se_b: float,
     return (d, lo, hi)
 
 
+def sign_test(n_below: int, n: int) -> float:
+    """One-sided exact sign test: ``P(X >= n_below)`` for ``X ~ Binomial(n, 1/2)``."""
+    if not (isinstance(n, int) and isinstance(n_below, int) and 0 <= n_below <= n):
+        raise ValueError(f"sign_test: expected integers 0 <= n_below <= n, got n_below={n_below!r}, n={n!r}")
+    if n == 0:
+        return float("nan")
+    return sum(math.comb(n, k) for k in range(n_below, n + 1)) / 2.0 ** n
+
+
 # ------------------------------------------------------------------- time series
 @functools.lru_cache(maxsize=256)
 def _t_half_width_factor(level: float, df: int) -> float:

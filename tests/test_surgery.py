@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitfade.analysis.surgery import SLICES, init_values, reinit_slices, reset_slice_moments
+from circuitfade.train.surgery import WHICH as SLICES, init_values, reinit_slices, reset_slice_moments
 from circuitfade.model.transformer import SoftPriorTransformer
 
 

@@ -12,8 +12,6 @@ tensors or tidy DataFrames (main paper Sections 6 and 9).
 * :mod:`~circuitfade.analysis.spectra` - participation ratio of head outputs and weights;
 * :mod:`~circuitfade.analysis.patching` - residual-stream activation patching and
   mean replacement between two models;
-* :mod:`~circuitfade.analysis.surgery` - re-initialising the query-key or value-output
-  slices of named heads (:func:`reinit_slices`);
 * :mod:`~circuitfade.analysis.fdt` - the fluctuation-dissipation statistic of SGD at
   stationarity (:func:`fdt_statistic`).
 """
@@ -49,17 +47,13 @@ from circuitfade.analysis.screens import (
     previous_token_score,
 )
 from circuitfade.analysis.spectra import elevated_pr, head_output_pr, participation_ratio, weight_pr
-from circuitfade.analysis.surgery import SliceChange, reinit_slices, reset_slice_moments
 from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, consolidation_timeline, timeline_long, top_heads
 
 __all__ = [
     "FDTRecorder",
-    "SliceChange",
     "displacement_statistic",
     "fdt_observation",
     "fdt_statistic",
-    "reinit_slices",
-    "reset_slice_moments",
     "ABLATION_IMPORTANCE",
     "ABLATION_LOSS_INCREASE",
     "DEFAULT_THRESHOLDS",

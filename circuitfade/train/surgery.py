@@ -1,41 +1,93 @@
-"""Weight surgery on attention heads: re-initialise the query-key or value-output slices of named heads.
+"""Re-initialising parts of a live run: chosen heads' weight slices drawn afresh.
 
-:func:`reinit_slices` works on any TransformerLens ``HookedTransformer`` (and on
-:class:`~circuitfade.model.transformer.SoftPriorTransformer`, whose attention keeps TransformerLens's weight
-names; its fused path stacks ``W_Q, W_K, W_V`` at every forward, so editing the per-head tensors is enough).
-For head ``h`` of layer ``l`` (``blocks.{l}.attn``):
+:func:`reinit_heads` is the intervention of the waiting-time experiment
+(:mod:`circuitfade.experiments.alignment`): destroy ``m`` parts of a trained
+circuit and keep training. Which slices are drawn again is a parameter
+(``slices``), so an experiment can re-initialise only the query-key slices, or
+only the value-output slices, of the same heads.
 
-* ``which="qk"``: ``W_Q[h], W_K[h]`` (``[d_model, d_head]``) and ``b_Q[h], b_K[h]`` (``[d_head]``);
-* ``which="ov"``: ``W_V[h]`` (``[d_model, d_head]``), ``W_O[h]`` (``[d_head, d_model]``) and ``b_V[h]``.
-
-``b_O`` (shared by all heads of a layer) and the soft-prior parameters (bias tables, gate logits, the content
-prior's ``W_cq, W_ck``) are never touched. New values come from the model's own initialisation
-(``cfg.init_mode`` with ``cfg.initializer_range``, the fan-in / fan-out of the *whole* parameter tensor as
-TransformerLens's ``init_weights`` computes it; biases are zero, as TransformerLens initialises them), drawn
-from the caller's ``torch.Generator`` so a surgery is reproducible.
-
-Optimizer state is the caller's: the issue-17 protocol ("keep everything else and the optimizer state")
-means do nothing to it. :func:`reset_slice_moments` zeroes, for exactly the changed slices, every per-element
-state tensor of the optimizer (AdamW's ``exp_avg`` and ``exp_avg_sq``, SGD's ``momentum_buffer``) and leaves
-everything else, including Adam's shared per-tensor ``step`` count, as it was.
+:func:`reinit_slices` is the same surgery on a bare model (any TransformerLens ``HookedTransformer``,
+``SoftPriorTransformer`` included: its fused path stacks ``W_Q, W_K, W_V`` at every forward, so editing
+the per-head tensors is enough), with new values drawn from a caller's ``torch.Generator`` with the
+model's own initialisation distribution (:func:`init_values`: ``cfg.init_mode``, ``cfg.initializer_range``
+and the fans of the *whole* tensor, as TransformerLens's ``init_weights`` computes them; biases zero, as
+TransformerLens initialises them) rather than by building a fresh model, so it also works on models that
+cannot be rebuilt from their config. ``which="qk"``: ``W_Q[h], b_Q[h], W_K[h], b_K[h]``; ``which="ov"``:
+``W_V[h], b_V[h], W_O[h]`` (:data:`WHICH`). It leaves the optimizer alone (the issue-17 protocol keeps
+the optimizer state); :func:`reset_slice_moments` zeroes, for exactly the changed slices, every
+per-element optimizer state tensor (AdamW ``exp_avg``, ``exp_avg_sq``; SGD ``momentum_buffer``) and keeps
+per-tensor scalars such as Adam's ``step``. :func:`reinit_heads` uses the same zeroing.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["SLICES", "SliceChange", "init_values", "reinit_slices", "reset_slice_moments"]
+from circuitfade.train.loop import Run
+
+__all__ = ["SLICES", "WHICH", "SliceChange", "init_values", "reinit_heads", "reinit_slices", "reset_slice_moments"]
 
 SLICES: dict[str, tuple[str, ...]] = {
-    "qk": ("W_Q", "W_K", "b_Q", "b_K"),
-    "ov": ("W_V", "W_O", "b_V"),
+    "q": ("W_Q", "b_Q"),
+    "k": ("W_K", "b_K"),
+    "v": ("W_V", "b_V"),
+    "o": ("W_O",),
 }
-"""The per-head attention parameters each kind of surgery re-initialises."""
+"""Slice names -> attention parameters whose ``[head]`` slice they are (``b_O`` is shared by all
+heads and never touched)."""
+
+WHICH: dict[str, tuple[str, ...]] = {
+    "qk": SLICES["q"] + SLICES["k"],
+    "ov": SLICES["v"] + SLICES["o"],
+}
+"""The parameters :func:`reinit_slices` re-initialises for ``which="qk"`` and ``which="ov"``."""
+
+
+def reinit_heads(run: Run, heads: Iterable[tuple[int, int]], *, seed: int,
+                 slices: Sequence[str] = ("q", "k", "v", "o"), reset_optimizer: bool = True) -> list[str]:
+    """Re-draw the given heads' weight slices of ``run.model`` from the model's own initialisation.
+
+    ``heads``: ``(layer, head)`` pairs. A fresh model of the same config is built under
+    ``torch.manual_seed(seed)`` (inside ``torch.random.fork_rng``, so the caller's global
+    RNG is untouched) and each named slice ``P[head]`` (see :data:`SLICES`) is copied from
+    it: the new values come from exactly the distribution the run started from, and are
+    a pure function of ``seed``. With ``reset_optimizer`` the AdamW moments
+    (``exp_avg``, ``exp_avg_sq``) of those slices are zeroed (they belonged to the old
+    weights; the step count is per tensor and stays, so bias correction treats the
+    fresh moments as old ones: the first updates of the new slices are larger than
+    ``lr`` for a few hundred steps, the same in every cell of an experiment).
+
+    Mutates ``run`` in place (it is a training operation, not an analysis) and returns
+    the names of the parameters touched, e.g. ``["blocks.0.attn.W_Q[2]", ...]``.
+    """
+    heads = [(int(layer), int(head)) for layer, head in heads]
+    cfg = run.model.cfg
+    bad = [h for h in heads if not (0 <= h[0] < cfg.n_layers and 0 <= h[1] < cfg.n_heads)]
+    if bad:
+        raise ValueError(f"heads {bad} out of range for a model with {cfg.n_layers} layers x {cfg.n_heads} heads")
+    unknown = [s for s in slices if s not in SLICES]
+    if unknown or not slices:
+        raise ValueError(f"slices: expected a non-empty subset of {list(SLICES)}, got {list(slices)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        fresh = type(run.model)(cfg)
+    touched = []
+    with torch.no_grad():
+        for layer, head in heads:
+            attn, new = run.model.blocks[layer].attn, fresh.blocks[layer].attn
+            for s in slices:
+                for name in SLICES[s]:
+                    p = getattr(attn, name)
+                    p[head] = getattr(new, name)[head].to(p.device, p.dtype)
+                    touched.append(f"blocks.{layer}.attn.{name}[{head}]")
+                    if reset_optimizer:
+                        _zero_state_slice(run.optimizer, p, head)
+    return touched
 
 
 @dataclass(frozen=True)
@@ -113,13 +165,13 @@ def _check_heads(model, heads) -> list[tuple[int, int]]:
 
 def reinit_slices(model, heads: Iterable[tuple[int, int]], which: str = "qk", *,
                   generator: torch.Generator | None = None) -> list[SliceChange]:
-    """Re-initialise, in place, the ``which`` slices (:data:`SLICES`) of ``heads`` (``(layer, head)`` pairs)
+    """Re-initialise, in place, the ``which`` slices (:data:`WHICH`) of ``heads`` (``(layer, head)`` pairs)
     and return one :class:`SliceChange` per slice, in the order drawn (heads in the given order, then the
     weights in :data:`SLICES` order). Every other parameter and buffer stays bit for bit as it was. With the
     same ``generator`` state the new values are the same (``generator=None``: a fresh one seeded 0).
     Grouped-query attention (K/V shared across heads) is refused: its K/V slices are not per head."""
-    if which not in SLICES:
-        raise ValueError(f"reinit_slices: which must be one of {sorted(SLICES)}, got {which!r}")
+    if which not in WHICH:
+        raise ValueError(f"reinit_slices: which must be one of {sorted(WHICH)}, got {which!r}")
     if not hasattr(model, "cfg") or not hasattr(model, "blocks"):
         raise TypeError(f"reinit_slices needs a TransformerLens HookedTransformer, got {type(model).__name__}")
     if generator is None:
@@ -130,7 +182,7 @@ def reinit_slices(model, heads: Iterable[tuple[int, int]], which: str = "qk", *,
     with torch.no_grad():
         for layer, head in _check_heads(model, heads):
             attn = model.blocks[layer].attn
-            for weight in SLICES[which]:
+            for weight in WHICH[which]:
                 p = getattr(attn, weight, None)
                 if not isinstance(p, torch.Tensor) or p.dim() < 2 or p.shape[0] != model.cfg.n_heads:
                     raise ValueError(f"reinit_slices: blocks.{layer}.attn has no per-head parameter {weight}")
@@ -153,9 +205,16 @@ def reset_slice_moments(optimizer: torch.optim.Optimizer, model, changes: Iterab
         for c in changes:
             if c.name not in params:
                 raise ValueError(f"reset_slice_moments: model has no parameter {c.name}")
-            p = params[c.name]
-            for value in optimizer.state.get(p, {}).values():
-                if isinstance(value, torch.Tensor) and value.shape == p.shape:
-                    value[c.head].zero_()
-                    n += 1
+            n += _zero_state_slice(optimizer, params[c.name], c.head)
+    return n
+
+
+def _zero_state_slice(optimizer: torch.optim.Optimizer, p: Tensor, head: int) -> int:
+    """Zero ``[head]`` of every state tensor of ``p`` shaped like ``p``; the number zeroed."""
+    n = 0
+    with torch.no_grad():
+        for value in optimizer.state.get(p, {}).values():
+            if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                value[head].zero_()
+                n += 1
     return n
