@@ -104,3 +104,24 @@ def test_displacement_form_and_bad_input():
         batch_means_interval([1.0, float("nan")] * 20)
     bm = batch_means_interval(np.arange(40.0), n_batches=4)
     assert bm["batch_len"] == 10 and np.isclose(bm["mean"], 19.5)
+
+
+def test_langevin_wrapper_satisfies_the_relation_end_to_end():
+    """SGD + LangevinNoise on L = k x^2 / 2 (1,000 coordinates started at the stationary law), read by the
+    recorder: O = <x.g> - (lr/2)<|g|^2> - d T is 0 within its interval and small against d T."""
+    from circuitfade.train.langevin import LangevinNoise
+
+    lr, T, k, d, steps = 0.1, 0.5, 1.0, 1000, 2000
+    gen = torch.Generator().manual_seed(0)
+    x = torch.nn.Parameter(torch.randn(d, generator=gen, dtype=torch.float64) * (T / (k * (1 - lr * k / 2))) ** 0.5)
+    opt = LangevinNoise(torch.optim.SGD([x], lr=lr), temperature=T, seed=0)
+    rec = FDTRecorder()
+    for _ in range(steps):
+        opt.zero_grad()
+        (0.5 * k * x * x).sum().backward()
+        rec.record([x])
+        opt.step()
+    s = rec.statistic(lr, T)
+    assert s["verdict"] == "consistent", s
+    assert abs(s["value"]) < 0.01 * d * T  # the d T term (500) is recovered to 1%
+    assert rec.statistic(lr, 0.0)["verdict"] == "violated"  # leaving the noise term out is detected
