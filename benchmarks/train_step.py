@@ -1,23 +1,29 @@
 """Milliseconds per training step, measured side by side in one run.
 
 Compares, on the default model shape (attention-only, L=2, d=64, 4 heads,
-ctx 31 tokens of associative recall, batch 64), one AdamW step of:
+ctx 31 tokens of associative recall, batch 64), one AdamW step (forward, loss at
+the answer position, backward, clipping, AdamW) of:
 
-* ``SoftPriorTransformer`` on its fused path (no hooks attached; what training uses),
-* ``SoftPriorTransformer`` forced onto its hooked path,
-* a plain ``HookedTransformer`` of the same shape,
-* a minimal hand-written PyTorch model of the same shape (nanoGPT-style).
+* ``soft_prior_fused``: ``SoftPriorTransformer`` on its fused path, every position computed,
+* ``soft_prior_answer``: the same on the answer-position path (what training uses now:
+  the last block computes queries, attention, output and logits only at the answer position),
+* ``soft_prior_compiled``: ``torch.compile`` of the answer-path model (``--no-compile`` skips it),
+* ``soft_prior_hooked``: forced onto its hooked path,
+* ``hooked_transformer``: a plain ``HookedTransformer`` of the same shape,
+* ``minimal_pytorch``: a minimal hand-written PyTorch model of the same shape (nanoGPT-style),
+  every position computed, and ``minimal_answer``, the same trick written by hand.
 
 Timings interleave the models round by round so machine noise hits all of them
-alike; the median over rounds is reported, then the ratios.
+alike (:func:`circuitfade.train.timing.time_steps`); the median over rounds is
+reported, then the ratios, each next to its target. The compile time (first call)
+is reported with the number of steps it takes to pay for itself.
 
-    python benchmarks/train_step.py [--steps 200] [--rounds 5] [--threads 1]
+    python benchmarks/train_step.py [--steps 200] [--rounds 5] [--threads 1] [--no-compile]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 import warnings
 
@@ -25,12 +31,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from circuitfade.gating.evaluation import answer_logits
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.tasks import AssocRecall
+from circuitfade.train.timing import adamw_step, median_ms, time_steps, torch_threads
 
 
 class MinimalModel(nn.Module):
-    """Attention-only pre-LN Transformer, written the short way."""
+    """Attention-only pre-LN Transformer, written the short way (``rows``: last block only there)."""
 
     def __init__(self, d_vocab=32, d_model=64, n_heads=4, n_layers=2):
         super().__init__()
@@ -42,29 +50,20 @@ class MinimalModel(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.unembed = nn.Linear(d_model, d_vocab)
 
-    def forward(self, tokens):
+    def forward(self, tokens, rows=None):
         x = self.embed(tokens)
         B, P, D = x.shape
-        for ln, qkv, out in zip(self.lns, self.qkv, self.out):
-            q, k, v = qkv(ln(x)).view(B, P, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + out(z.transpose(1, 2).reshape(B, P, D))
+        H = self.n_heads
+        for i, (ln, qkv, out) in enumerate(zip(self.lns, self.qkv, self.out)):
+            q, k, v = qkv(ln(x)).view(B, P, 3, H, D // H).permute(2, 0, 3, 1, 4)
+            if rows is not None and i == len(self.lns) - 1:
+                mask = torch.ones(P, P, dtype=torch.bool).tril()[rows]
+                z = F.scaled_dot_product_attention(q[:, :, rows], k, v, attn_mask=mask)
+                x = x[:, rows] + out(z.transpose(1, 2).reshape(B, len(rows), D))
+            else:
+                z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + out(z.transpose(1, 2).reshape(B, P, D))
         return self.unembed(self.ln_f(x))
-
-
-def make_step(model, batch):
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.01)
-    mask = batch.answer_mask
-
-    def step():
-        logits = model(batch.tokens)
-        loss = F.cross_entropy(logits[mask], batch.targets[mask])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    return step
 
 
 def main(argv=None) -> dict[str, float]:
@@ -72,44 +71,66 @@ def main(argv=None) -> dict[str, float]:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     task = AssocRecall()
     batch = task.sample(64, torch.Generator().manual_seed(0))
+    mask, rows = batch.answer_mask, batch.answer_mask.any(0).nonzero().flatten()
 
-    soft = SoftPriorTransformer(SoftPriorConfig.base())
-    soft_hooked = SoftPriorTransformer(SoftPriorConfig.base())
-    soft_hooked.use_fused = False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        plain = soft.to_hooked_transformer()
-    models = {
-        "soft_prior_fused": soft,
-        "soft_prior_hooked": soft_hooked,
-        "hooked_transformer": plain,
-        "minimal_pytorch": MinimalModel(),
-    }
-    steps = {name: make_step(m, batch) for name, m in models.items()}
-    for fn in steps.values():  # warm-up
-        for _ in range(20):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(args.rounds):
-        for name, fn in steps.items():
+    def full_loss(model):
+        return lambda: F.cross_entropy(model(batch.tokens)[mask], batch.targets[mask])
+
+    with torch_threads(args.threads):
+        soft = SoftPriorTransformer(SoftPriorConfig.base())
+        answer = SoftPriorTransformer(SoftPriorConfig.base())
+        hooked = SoftPriorTransformer(SoftPriorConfig.base())
+        hooked.use_fused = False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            plain = soft.to_hooked_transformer()
+        minimal, minimal_answer = MinimalModel(), MinimalModel()
+        fns = {
+            "soft_prior_fused": adamw_step(soft, full_loss(soft)),
+            "soft_prior_answer": adamw_step(answer, lambda: task.loss(answer_logits(answer, batch), batch)),
+        }
+        compile_s = None
+        if not args.no_compile:
+            compiled_model = SoftPriorTransformer(SoftPriorConfig.base())
+            compiled = torch.compile(compiled_model)
+            step = adamw_step(compiled_model, lambda: task.loss(compiled(batch.tokens, positions=rows), batch))
             t0 = time.perf_counter()
-            for _ in range(args.steps):
-                fn()
-            times[name].append((time.perf_counter() - t0) / args.steps * 1e3)
-    ms = {name: statistics.median(v) for name, v in times.items()}
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch 64, {args.steps} steps x {args.rounds} rounds")
+            step()  # compiles forward and backward
+            compile_s = time.perf_counter() - t0
+            fns["soft_prior_compiled"] = step
+        fns.update({
+            "soft_prior_hooked": adamw_step(hooked, full_loss(hooked)),
+            "hooked_transformer": adamw_step(plain, full_loss(plain)),
+            "minimal_pytorch": adamw_step(minimal, full_loss(minimal)),
+            "minimal_answer": adamw_step(minimal_answer, lambda: F.cross_entropy(
+                minimal_answer(batch.tokens, rows)[:, 0], batch.targets[:, rows[0]])),
+        })
+    ms = median_ms(time_steps(fns, steps=args.steps, rounds=args.rounds, warmup=20, threads=args.threads))
+    print(f"torch {torch.__version__}, threads {args.threads}, batch 64, {args.steps} steps x {args.rounds} rounds "
+          "(median ms per step)")
     for name, v in ms.items():
         print(f"  {name:20s} {v:7.3f} ms/step")
+    mini = ms["minimal_pytorch"]
     print("ratios:")
-    print(f"  soft_prior_fused  / hooked_transformer = {ms['soft_prior_fused'] / ms['hooked_transformer']:.2f}  (target <= 1.3)")
-    print(f"  soft_prior_hooked / hooked_transformer = {ms['soft_prior_hooked'] / ms['hooked_transformer']:.2f}")
-    print(f"  soft_prior_fused  / minimal_pytorch    = {ms['soft_prior_fused'] / ms['minimal_pytorch']:.2f}  (target <= 1.5)")
-    print(f"  hooked_transformer / minimal_pytorch   = {ms['hooked_transformer'] / ms['minimal_pytorch']:.2f}")
+    print(f"  soft_prior_fused   / minimal_pytorch    = {ms['soft_prior_fused'] / mini:.2f}  (target <= 1.2)")
+    print(f"  soft_prior_answer  / minimal_pytorch    = {ms['soft_prior_answer'] / mini:.2f}  (target <= 0.8)")
+    print(f"  soft_prior_answer  / minimal_answer     = {ms['soft_prior_answer'] / ms['minimal_answer']:.2f}")
+    print(f"  soft_prior_answer  / soft_prior_fused   = {ms['soft_prior_answer'] / ms['soft_prior_fused']:.2f}")
+    print(f"  soft_prior_fused   / hooked_transformer = {ms['soft_prior_fused'] / ms['hooked_transformer']:.2f}")
+    print(f"  soft_prior_hooked  / hooked_transformer = {ms['soft_prior_hooked'] / ms['hooked_transformer']:.2f}")
+    print(f"  hooked_transformer / minimal_pytorch    = {ms['hooked_transformer'] / mini:.2f}")
+    if compile_s is not None:
+        saved = ms["soft_prior_answer"] - ms["soft_prior_compiled"]
+        verdict = (f"pays off after {compile_s * 1e3 / saved:.0f} steps" if saved > 0
+                   else "never pays off here (compiled step is not faster)")
+        print(f"  soft_prior_compiled / soft_prior_answer = {ms['soft_prior_compiled'] / ms['soft_prior_answer']:.2f}"
+              f"; compile time {compile_s:.1f} s: {verdict}")
+        ms["compile_s"] = compile_s
     return ms
 
 

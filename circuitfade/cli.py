@@ -114,7 +114,8 @@ def _train_one(args: dict) -> dict:
 def cmd_train(ns: argparse.Namespace) -> int:
     from circuitfade.train.loop import RunConfig, TrainConfig
 
-    tc = TrainConfig(steps=ns.steps, eval_every=ns.eval_every, checkpoint_every=ns.checkpoint_every)
+    tc = TrainConfig(steps=ns.steps, eval_every=ns.eval_every, checkpoint_every=ns.checkpoint_every,
+                     device=ns.device)
     model = _json_object("--model", ns.model)
     cfg = RunConfig(path=ns.path, task=_task_dict(ns.task, ns.task_arg), model=model, train=tc, seed=ns.seed)
     out = ns.out or f"runs/{ns.task}/{ns.path.replace('->', 'to')}/seed{ns.seed}"
@@ -239,6 +240,8 @@ DELEGATED = {
                "screen a revision series for induction / previous-token / BOS heads, write an HTML report"),
     "map": ("circuitfade.experiments.removability", "main",
             "the removability map: fade600->0 vs forced_zero over model size x task, tables and figure"),
+    "alignment": ("circuitfade.experiments.alignment", "main",
+                  "no-partial-credit circuit formation: part ablation, waiting times, rate equation"),
     "static": ("circuitfade.experiments.static_baselines", "main",
                "static baselines (13 methods) and removability of published priors, write results.md"),
     "analyze": ("circuitfade.viz.report", "analyze_main",
@@ -267,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-every", type=int, default=_train_default("checkpoint_every"))
     t.add_argument("--model", help="JSON of SoftPriorConfig overrides, e.g. '{\"n_layers\": 4}'")
     t.add_argument("--out", help="run directory (default runs/TASK/PATH/seedN)")
+    t.add_argument("--device", default=_train_default("device"),
+                   help="cpu (default), cuda, cuda:N, mps or auto; not part of the run's identity")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 

@@ -12,6 +12,8 @@
   share the same resamples), :func:`percentile_interval` reads an interval off them.
 * Across seeds: :func:`seed_summary` (mean, sd, sem, Student-t interval), with the
   Student-t CDF/quantile (:func:`t_cdf`, :func:`t_quantile`, :func:`t_interval`).
+* Means of a correlated time series (e.g. a per-step observable of a training run at
+  stationarity): :func:`batch_means_interval` (non-overlapping batch means, Student-t).
 * Comparing intervals: :func:`compare_intervals` (``"higher"``, ``"lower"`` or
   ``"overlap"``), :func:`difference_interval` (normal interval of ``a - b``).
 
@@ -21,6 +23,7 @@ package's layers.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from statistics import NormalDist
@@ -31,6 +34,7 @@ import numpy as np
 __all__ = [
     "DEFAULT_LEVEL",
     "DEFAULT_RESAMPLES",
+    "batch_means_interval",
     "binomial_se",
     "bootstrap_ratio",
     "bootstrap_weights",
@@ -280,3 +284,46 @@ def difference_interval(a: float, se_a: float, b: float, se_b: float,
     d = float(a) - float(b)
     lo, hi = normal_interval(d, math.hypot(float(se_a), float(se_b)), level)
     return (d, lo, hi)
+
+
+def sign_test(n_below: int, n: int) -> float:
+    """One-sided exact sign test: ``P(X >= n_below)`` for ``X ~ Binomial(n, 1/2)``."""
+    if not (isinstance(n, int) and isinstance(n_below, int) and 0 <= n_below <= n):
+        raise ValueError(f"sign_test: expected integers 0 <= n_below <= n, got n_below={n_below!r}, n={n!r}")
+    if n == 0:
+        return float("nan")
+    return sum(math.comb(n, k) for k in range(n_below, n + 1)) / 2.0 ** n
+
+
+# ------------------------------------------------------------------- time series
+@functools.lru_cache(maxsize=256)
+def _t_half_width_factor(level: float, df: int) -> float:
+    return t_quantile((1 + level) / 2, df)
+
+
+def batch_means_interval(values, n_batches: int = 20, level: float = DEFAULT_LEVEL) -> dict[str, float]:
+    """Mean of a (possibly autocorrelated) stationary series with a batch-means interval.
+
+    The series ``x_1..x_n`` is cut into ``n_batches`` contiguous batches of ``m = n // n_batches``
+    values (the first ``n - m·n_batches`` values are dropped); the batch means ``y_b`` are treated
+    as independent: ``se = sd(y) / sqrt(B)`` and ``mean ± t_{(1+level)/2, B-1} · se``. Valid when
+    ``m`` is long compared with the series' autocorrelation time; for a series whose long-run
+    variance is zero (a telescoping sum ``x_t = f_t - f_{t+1}``) it is conservative.
+
+    Returns ``{"mean", "se", "lo", "hi", "n", "n_batches", "batch_len"}``; ``ValueError`` for a
+    non-finite series or fewer than 2 values per batch.
+    """
+    x = np.asarray(values, dtype=float).reshape(-1)
+    if isinstance(n_batches, bool) or not isinstance(n_batches, (int, np.integer)) or n_batches < 2:
+        raise ValueError(f"n_batches must be an integer >= 2, got {n_batches!r}")
+    if not np.isfinite(x).all():
+        raise ValueError("batch_means_interval: the series has non-finite values")
+    m = x.size // n_batches
+    if m < 2:
+        raise ValueError(f"batch_means_interval: {x.size} values are too few for {n_batches} batches of >= 2")
+    used = x[x.size - m * n_batches:]
+    y = used.reshape(n_batches, m).mean(axis=1)
+    mean, se = float(used.mean()), float(y.std(ddof=1) / math.sqrt(n_batches))
+    half = _t_half_width_factor(float(_check_level(level)), int(n_batches) - 1) * se
+    return {"mean": mean, "se": se, "lo": mean - half, "hi": mean + half, "n": int(used.size),
+            "n_batches": int(n_batches), "batch_len": int(m)}

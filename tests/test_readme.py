@@ -48,7 +48,7 @@ PRELUDES = {
     "tokens": "import torch\ntokens = torch.randint(0, 32, (2, 31))  # prelude: the README's 'tokens: int [batch, pos]'\n",
 }
 # commands that take minutes or hours: parsed only
-PARSE_ONLY = ("reproduce", "history", "demo")
+PARSE_ONLY = ("reproduce", "history", "demo", "alignment")
 TINY = {
     "train": ["--steps", "20", "--eval-every", "10", "--checkpoint-every", "10", "--quiet"],
     "local-series": ["--steps", "60", "--quiet"],

@@ -25,7 +25,8 @@ from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # noqa: E
 
 REPO = Path(__file__).resolve().parents[1]
 TUTORIALS = REPO / "tutorials"
-NOTEBOOKS = ["01_fade_vs_unforced.ipynb", "02_trace_series.ipynb", "03_attach_your_model.ipynb"]
+NOTEBOOKS = ["01_fade_vs_unforced.ipynb", "02_trace_series.ipynb", "03_attach_your_model.ipynb",
+             "05_no_partial_credit.ipynb"]
 MARK = "TUTORIAL-CHECK "
 
 
@@ -154,6 +155,23 @@ def test_tutorial_03_attach_your_model(kernel_env):
     # ... with an induction head: a layer-1 head puts most of its attention on the answer
     top = max(r["final_mass"], key=lambda row: row["value"])
     assert top["layer"] == 1 and top["value"] > 0.5, r["final_mass"]
+    assert _has_plotly_output(nb)
+
+
+@pytest.mark.slow
+def test_tutorial_05_no_partial_credit(kernel_env):
+    nb, r = run_notebook(
+        "05_no_partial_credit.ipynb",
+        '{"strict": [bool(torch.all(t == 1 / 3)) for t in strict.values()], '
+        '"hand": hand_ablation[["kind", "retained"]].to_dict("records"), "ignition": ignition, '
+        '"trained": trained_ablation[["kind", "retained"]].to_dict("records"), "after": after, "wait": wait}',
+    )
+    assert r["strict"] == [True] * 4
+    assert [row["kind"] for row in r["hand"]] == ["part"] * 3 + ["random"] * 2
+    assert all(abs(row["retained"]) < 0.15 for row in r["hand"][:3]) and all(row["retained"] == 1.0 for row in r["hand"][3:])
+    assert r["ignition"] is not None and 0 < r["ignition"] < 600
+    assert all(abs(row["retained"]) < 0.25 for row in r["trained"][:3])  # no partial credit in the trained circuit
+    assert abs(r["after"] - 1 / 3) < 0.1 and r["wait"] is not None and r["wait"] > 0
     assert _has_plotly_output(nb)
 
 

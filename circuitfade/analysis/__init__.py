@@ -11,9 +11,12 @@ tensors or tidy DataFrames (main paper Sections 6 and 9).
   screens with capability selectivity;
 * :mod:`~circuitfade.analysis.spectra` - participation ratio of head outputs and weights;
 * :mod:`~circuitfade.analysis.patching` - residual-stream activation patching and
-  mean replacement between two models.
+  mean replacement between two models;
+* :mod:`~circuitfade.analysis.fdt` - the fluctuation-dissipation statistic of SGD at
+  stationarity (:func:`fdt_statistic`).
 """
 
+from circuitfade.analysis.fdt import FDTRecorder, displacement_statistic, fdt_observation, fdt_statistic
 from circuitfade.analysis.gates import (
     PRIOR_LABELS,
     NoGatesError,
@@ -47,6 +50,10 @@ from circuitfade.analysis.spectra import elevated_pr, head_output_pr, participat
 from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, consolidation_timeline, timeline_long, top_heads
 
 __all__ = [
+    "FDTRecorder",
+    "displacement_statistic",
+    "fdt_observation",
+    "fdt_statistic",
     "ABLATION_IMPORTANCE",
     "ABLATION_LOSS_INCREASE",
     "DEFAULT_THRESHOLDS",

@@ -55,6 +55,7 @@ from circuitfade.analysis.screens import (
 )
 from circuitfade.analysis.spectra import elevated_pr, head_output_pr
 from circuitfade.store import CheckpointSeries
+from circuitfade.model.devices import resolve_device, to_device
 
 __all__ = [
     "PR_METRIC",
@@ -150,6 +151,7 @@ def screen_series(
     pr_positions: str = "copy",
     tokens: Mapping[int, float] | None = None,
     progress: bool = True,
+    device: str | None = None,
 ) -> SeriesScreen:
     """:func:`screen_model` on every revision of ``series`` (the same inputs, same ``seed``, for each).
 
@@ -158,7 +160,11 @@ def screen_series(
     load is skipped with a ``UserWarning`` and listed in :attr:`SeriesScreen.skipped`; if none
     can be screened, ``ValueError``. ``bos=None`` uses the series task's ``bos_token`` if it has
     one (e.g. the ``repeats`` task), else no BOS token. ``tokens``: ``{step: tokens seen}``.
+    ``device`` (``"cpu"``, ``"cuda"``, ``"mps"``, ``"auto"``) moves each revision's model
+    there before screening (default: where the series put it).
     """
+    if device is not None:
+        resolve_device(device)  # fails before any work if the device is not here
     if not isinstance(series, CheckpointSeries):
         raise ValueError(f"screen_series expects a CheckpointSeries (see store.attach), got {type(series).__name__}")
     if bos is None:
@@ -178,6 +184,7 @@ def screen_series(
             warnings.warn(f"skipping step {snap.step} ({snap.source}): {skipped[snap.step]}", UserWarning,
                           stacklevel=2)
             continue
+        model = to_device(model, device)
         df = screen_model(model, n=n, seq_len=seq_len, bos=bos, seed=seed, thresholds=thresholds,
                           pr_positions=pr_positions)
         df.insert(0, "step", snap.step)

@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -446,42 +444,20 @@ def step_time_ms(
 
     from circuitfade.model import SoftPriorTransformer
     from circuitfade.tasks import AssocRecall
+    from circuitfade.train.timing import adamw_step, median_ms, time_steps, torch_threads
 
     priors = [p for p in PRIORS] if priors is None else list(priors)
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        task = AssocRecall()
-        batch = task.sample(batch_size, torch.Generator().manual_seed(0))
-        fns = {}
+    task = AssocRecall()
+    batch = task.sample(batch_size, torch.Generator().manual_seed(0))
+    fns = {}
+    with torch_threads(threads):  # models are built under the same thread setting they are timed with
         for name in ["none", *priors]:
             torch.manual_seed(0)
             cfg = SoftPriorConfig(priors=()) if name == "none" else SoftPriorConfig(
                 priors=(name,), gate_modes={name: "fixed"}, gate_init=1.0)
             model = SoftPriorTransformer(cfg)
-            opt = torch.optim.AdamW(list(model.parameters()), lr=1e-3, weight_decay=0.01)
-
-            def step(model=model, opt=opt):
-                loss = task.loss(model(batch.model_input), batch)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-
-            fns[name] = step
-        for fn in fns.values():
-            for _ in range(warmup):
-                fn()
-        times: dict[str, list[float]] = {n: [] for n in fns}
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    fn()
-                times[name].append((time.perf_counter() - t0) / steps * 1e3)
-    finally:
-        torch.set_num_threads(old_threads)
-    ms = {n: statistics.median(v) for n, v in times.items()}
+            fns[name] = adamw_step(model, lambda model=model: task.loss(model(batch.model_input), batch))
+    ms = median_ms(time_steps(fns, steps=steps, rounds=rounds, warmup=warmup, threads=threads))
     return pd.DataFrame([{"prior": n, "ms": v, "ratio": v / ms["none"]} for n, v in ms.items()])
 
 

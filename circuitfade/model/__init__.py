@@ -12,6 +12,7 @@ one-line :class:`~circuitfade.compat.TLLineError` when used.
 
 from circuitfade.compat import is_tl4
 from circuitfade.model import zoo as _zoo  # noqa: F401  (registers the published priors)
+from circuitfade.model.devices import DEVICES, resolve_device
 from circuitfade.model.files import CONFIG_FILE, GATE_MODES, LARGE_OVERRIDES, WEIGHTS_FILE
 from circuitfade.model.priors import PRIORS, AttentionPrior, PriorInputs, build_prior, register_prior
 
@@ -23,4 +24,5 @@ else:
 __all__ = [
     "SoftPriorConfig", "SoftPriorTransformer", "SoftPriorAttention", "SoftPriorBlock", "GATE_MODES", "LARGE_OVERRIDES",
     "CONFIG_FILE", "WEIGHTS_FILE", "PRIORS", "AttentionPrior", "PriorInputs", "build_prior", "register_prior",
+    "DEVICES", "resolve_device",
 ]

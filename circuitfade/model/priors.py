@@ -44,12 +44,16 @@ class PriorInputs:
     ``token_embed`` is the output of ``hook_embed`` (the token embeddings, shared by
     all layers); ``resid`` is the normalised layer input that feeds Q and K;
     ``scores`` are the raw ``Q·K/√d_head`` scores (only priors that declare
-    ``needs_scores = True`` get them; otherwise ``None``).
+    ``needs_scores = True`` get them; otherwise ``None``). ``query_index`` (the
+    answer-position fast path) names the only query rows the layer needs: a prior
+    may return just those rows, ``[..., len(query_index), key_pos]``, or all rows
+    (the layer then keeps the ones asked for).
     """
 
     token_embed: Float[Tensor, "batch pos d_model"]
     resid: Float[Tensor, "batch pos d_model"]
     scores: Float[Tensor, "batch head query_pos key_pos"] | None = None
+    query_index: Tensor | None = None
 
 
 class AttentionPrior(nn.Module):
@@ -72,6 +76,15 @@ class AttentionPrior(nn.Module):
 
     def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
         raise NotImplementedError
+
+    def factors(self, inputs: PriorInputs) -> tuple[Tensor, Tensor] | None:
+        """Optional low-rank form ``(a, b)`` with ``forward(inputs) == a @ b.transpose(-1, -2)``
+        (``a``: ``[batch, head, query_pos, r]``, ``b``: ``[batch, head, key_pos, r]``).
+
+        The fused path then folds the prior into the query-key product (one matmul,
+        no ``[batch, head, q, k]`` bias tensor). ``None`` (the default): use ``forward``.
+        """
+        return None
 
 
 def relative_distance(n_ctx: int, device=None) -> torch.Tensor:
@@ -100,7 +113,10 @@ class RelativePositionBias(AttentionPrior):
 
     def forward(self, inputs: PriorInputs) -> Float[Tensor, "1 head query_pos key_pos"]:
         n = inputs.token_embed.shape[1]
-        return self.pos_bias[:, self.rel_index[:n, :n]].unsqueeze(0)
+        index = self.rel_index[:n, :n]
+        if inputs.query_index is not None:
+            index = index[inputs.query_index]
+        return self.pos_bias[:, index].unsqueeze(0)
 
 
 class BilinearContentBias(AttentionPrior):
@@ -124,11 +140,16 @@ class BilinearContentBias(AttentionPrior):
         nn.init.normal_(self.W_cq, std=cfg.d_model**-0.5)
         nn.init.normal_(self.W_ck, std=cfg.d_model**-0.5)
 
-    def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
+    def factors(self, inputs: PriorInputs) -> tuple[Tensor, Tensor]:
         e = inputs.token_embed
-        cq = torch.einsum("bpd,hdr->bhpr", e, self.W_cq)  # [batch, head, pos, r]
+        eq = e if inputs.query_index is None else e[:, inputs.query_index]
+        cq = torch.einsum("bpd,hdr->bhpr", eq, self.W_cq) * self.scale  # [batch, head, query_pos, r]
         ck = torch.einsum("bpd,hdr->bhpr", e, self.W_ck)  # [batch, head, pos, r]
-        return (cq @ ck.transpose(-1, -2)) * self.scale  # [batch, head, query_pos, key_pos]
+        return cq, ck
+
+    def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
+        cq, ck = self.factors(inputs)
+        return cq @ ck.transpose(-1, -2)  # [batch, head, query_pos, key_pos]
 
 
 PriorFactory = Callable[..., AttentionPrior]

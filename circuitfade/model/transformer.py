@@ -29,10 +29,13 @@ hook                        shape                              captures
 ``hook_prior``              ``[batch, head, query_pos, key_pos]``  total gated bias added to the scores
 ==========================  =================================  ======================================
 
-When no hook is attached anywhere the model runs a *fused* path (one QKV matmul
-and ``scaled_dot_product_attention`` with the gated prior as an additive mask);
-it computes the same function (tested to 1e-5 on logits and gradients) and is
-what training uses. ``model.use_fused = False`` forces the hooked path.
+When no hook is attached anywhere the model runs a *fused* path (one QKV matmul;
+low-rank priors such as ``content`` folded into the query-key product as extra
+columns, the others added with the causal mask); it computes the same function
+(tested to 1e-5 on logits and gradients) and is what training uses.
+``model.use_fused = False`` forces the hooked path. ``model(tokens,
+positions=rows)`` computes the last block only at ``rows`` (the answer-position
+path training and evaluation use; NaN logits elsewhere).
 """
 
 from __future__ import annotations
@@ -227,6 +230,8 @@ class SoftPriorAttention(Attention):
 
     def __init__(self, cfg: SoftPriorConfig, layer: int):
         super().__init__(cfg, "global", layer)
+        # TransformerLens stores a numpy scalar; SDPA (and torch.compile) need a Python float
+        self.attn_scale = float(self.attn_scale)
         H = cfg.n_heads
         self.priors = nn.ModuleDict({name: build_prior(name, cfg, layer) for name in cfg.priors})
         g0 = float(cfg.gate_init)
@@ -253,8 +258,11 @@ class SoftPriorAttention(Attention):
 
     # -- prior -----------------------------------------------------------------------
     def _prior_terms(self, inputs: PriorInputs, hooked: bool):
+        rows = inputs.query_index
         for name, prior in self.priors.items():
             bias = prior(inputs)
+            if rows is not None and bias.shape[-2] != rows.numel():
+                bias = bias[..., rows, :]  # a prior that ignores query_index: keep the rows asked for
             g = self.gate(name)
             if hooked:
                 hp = getattr(self, f"hook_{name}_bias")
@@ -303,20 +311,56 @@ class SoftPriorAttention(Attention):
         x: Float[Tensor, "batch pos d_model"],
         token_embed: Float[Tensor, "batch pos d_model"],
         causal: Float[Tensor, "query_pos key_pos"],
-    ) -> Float[Tensor, "batch pos d_model"]:
-        """Unhooked path: one QKV matmul and SDPA with (prior + causal) as additive mask."""
+        rows: Int[Tensor, "n_rows"] | None = None,
+    ) -> Float[Tensor, "batch pos_or_rows d_model"]:
+        """Unhooked path: one QKV matmul, low-rank priors as extra query-key columns, the
+        other priors (gated) plus the causal mask added to the scores.
+
+        With ``rows`` (query positions), queries, attention and the output are computed
+        only at those positions (keys and values still at every position); the result is
+        ``[batch, len(rows), d_model]``. Not for priors that need the scores.
+        """
         B, P, _ = x.shape
         H, Dh = self.cfg.n_heads, self.cfg.d_head
-        w = torch.stack([self.W_Q, self.W_K, self.W_V])  # [3, head, d_model, d_head]
-        b = torch.stack([self.b_Q, self.b_K, self.b_V])  # [3, head, d_head]
-        qkv = x @ w.permute(2, 0, 1, 3).reshape(x.shape[-1], 3 * H * Dh) + b.reshape(-1)
-        q, k, v = qkv.view(B, P, 3, H, Dh).permute(2, 0, 3, 1, 4)  # 3 x [batch, head, pos, d_head]
+        if rows is None:
+            w = torch.stack([self.W_Q, self.W_K, self.W_V])  # [3, head, d_model, d_head]
+            b = torch.stack([self.b_Q, self.b_K, self.b_V])  # [3, head, d_head]
+            qkv = x @ w.permute(2, 0, 1, 3).reshape(x.shape[-1], 3 * H * Dh) + b.reshape(-1)
+            q, k, v = qkv.view(B, P, 3, H, Dh).permute(2, 0, 3, 1, 4)  # 3 x [batch, head, pos, d_head]
+            M = P
+        else:
+            w = torch.stack([self.W_K, self.W_V])  # [2, head, d_model, d_head]
+            b = torch.stack([self.b_K, self.b_V])
+            kv = x @ w.permute(2, 0, 1, 3).reshape(x.shape[-1], 2 * H * Dh) + b.reshape(-1)
+            k, v = kv.view(B, P, 2, H, Dh).permute(2, 0, 3, 1, 4)  # 2 x [batch, head, pos, d_head]
+            M = rows.numel()
+            q = x[:, rows] @ self.W_Q.permute(1, 0, 2).reshape(x.shape[-1], H * Dh) + self.b_Q.reshape(-1)
+            q = q.view(B, M, H, Dh).transpose(1, 2)  # [batch, head, rows, d_head]
+            causal = causal[rows]
         needs = any(p.needs_scores for p in self.priors.values())
         scores = (q @ k.transpose(-1, -2)) / self.attn_scale if needs else None
-        prior = self.prior(PriorInputs(token_embed, x, scores), hooked=False)
-        mask = causal if prior is None else prior + causal  # [batch_or_1, head, q, k]
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / self.attn_scale)
-        z = z.transpose(1, 2).reshape(B, P, H * Dh)  # [batch, pos, head*d_head]
+        inputs = PriorInputs(token_embed, x, scores, query_index=rows)
+        # low-rank priors (a @ b^T) join the query-key product as extra columns; the rest add to the mask
+        qs, ks, bias = [q / self.attn_scale], [k], None
+        for name, prior in self.priors.items():
+            g = self.gate(name).to(q.dtype)[:, None, None]
+            ab = prior.factors(inputs)
+            if ab is not None:
+                qs.append(ab[0] * g)
+                ks.append(ab[1])
+                continue
+            term = prior(inputs)
+            if rows is not None and term.shape[-2] != M:
+                term = term[..., rows, :]
+            bias = g * term if bias is None else bias + g * term
+        mask = causal if bias is None else bias + causal  # [batch_or_1, head, q, k]
+        if len(qs) > 1:
+            q, k = torch.cat(qs, -1), torch.cat(ks, -1)
+        else:
+            q = qs[0]
+        # no row is fully masked (the diagonal is always visible), so a plain softmax is exact
+        pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
+        z = (pattern @ v).transpose(1, 2).reshape(B, M, H * Dh)  # [batch, pos_or_rows, head*d_head]
         return F.linear(z, self.W_O.flatten(0, 1).T, self.b_O)
 
 
@@ -332,10 +376,11 @@ class SoftPriorBlock(TransformerBlock):
         resid_pre: Float[Tensor, "batch pos d_model"],
         token_embed: Float[Tensor, "batch pos d_model"],
         causal: Float[Tensor, "query_pos key_pos"] | None = None,
-    ) -> Float[Tensor, "batch pos d_model"]:
-        if causal is not None:  # fused path: no hooks anywhere
-            attn_out = self.attn.forward_fused(_ln(self.ln1, resid_pre), token_embed, causal)
-            resid = resid_pre + attn_out
+        rows: Int[Tensor, "n_rows"] | None = None,
+    ) -> Float[Tensor, "batch pos_or_rows d_model"]:
+        if causal is not None:  # fused path: no hooks anywhere (``rows``: only those query positions)
+            attn_out = self.attn.forward_fused(_ln(self.ln1, resid_pre), token_embed, causal, rows)
+            resid = (resid_pre if rows is None else resid_pre[:, rows]) + attn_out
             if not self.cfg.attn_only:
                 resid = resid + self.mlp(_ln(self.ln2, resid))
             return resid
@@ -365,6 +410,7 @@ class SoftPriorTransformer(HookedTransformer):
     """
 
     cfg: SoftPriorConfig
+    supports_positions = True  # forward(..., positions=) computes the last block only there
 
     def __init__(self, cfg: SoftPriorConfig | Mapping | None = None, **overrides):
         if cfg is None:
@@ -385,6 +431,7 @@ class SoftPriorTransformer(HookedTransformer):
         self.init_weights()
         self.setup()
         self.use_fused = True
+        self._causal_cache: dict = {}
         self._attn_cache: list[SoftPriorAttention] = [b.attn for b in self.blocks]
 
     # -- forward -----------------------------------------------------------------------
@@ -432,6 +479,7 @@ class SoftPriorTransformer(HookedTransformer):
         loss_per_token: bool = False,
         *,
         stop_at_layer: int | None = None,
+        positions: Int[Tensor, "n_rows"] | None = None,
         **kwargs,
     ):
         """Run the model on token ids.
@@ -441,6 +489,13 @@ class SoftPriorTransformer(HookedTransformer):
         residual stream before that block. Keyword arguments of
         ``HookedTransformer.forward`` that make no sense here (strings, KV cache,
         padding) raise ``TypeError``.
+
+        ``positions`` (sequence positions, with ``return_type="logits"``) says that only
+        the logits there are needed: on the fused path the last block then computes
+        queries, attention, output and unembedding only at those positions (keys and
+        values everywhere; the same maths, tested to 1e-5 on loss and every gradient) and
+        the logits at every other position are NaN. With a hook attached (or
+        ``use_fused = False``) it is ignored and every position is computed.
         """
         unsupported = {k for k, v in kwargs.items() if v is not None and k not in ("prepend_bos", "padding_side")}
         if unsupported:
@@ -451,8 +506,15 @@ class SoftPriorTransformer(HookedTransformer):
         tokens = self._check_real(input) if real else self._check_tokens(input)
         n = tokens.shape[1]
         fused = self.use_fused and not self._hooks_attached() and self.cfg.positional_embedding_type != "rotary"
+        rows = None
+        if positions is not None:
+            if return_type != "logits":
+                raise ValueError("positions= needs return_type='logits'")
+            rows = self._rows(positions, n)
+            if not fused or stop_at_layer is not None:
+                rows = None
         if fused:
-            causal = torch.full((n, n), float("-inf"), device=tokens.device).triu(1)
+            causal = self._causal(n, tokens.device)
             embed = self._embed(tokens)
             resid = embed
             if self.cfg.positional_embedding_type in ("standard", "shortformer"):
@@ -460,16 +522,22 @@ class SoftPriorTransformer(HookedTransformer):
         else:
             causal = None
             embed = self.hook_embed(self._embed(tokens))  # [batch, pos, d_model]
-            resid = embed
+            # its own tensor: an in-place hook on the residual must not change what the priors read
+            resid = embed.clone() if self.cfg.nope else embed
             if self.cfg.positional_embedding_type in ("standard", "shortformer"):
                 resid = embed + self.hook_pos_embed(self.pos_embed.W_pos[:n].expand(embed.shape[0], -1, -1))
-        for block in self.blocks[:stop_at_layer]:
-            resid = block(resid, embed, causal)
+        blocks = self.blocks[:stop_at_layer]
+        last = len(blocks) - 1
+        for i, block in enumerate(blocks):
+            resid = block(resid, embed, causal, rows if i == last else None)
         if stop_at_layer is not None:
             return resid
         if self.cfg.normalization_type is not None:
             resid = _ln(self.ln_final, resid) if fused else self.ln_final(resid)
         logits = F.linear(resid, self.unembed.W_U.T, self.unembed.b_U) if fused else self.unembed(resid)
+        if rows is not None:  # only those positions were computed; NaN elsewhere
+            full = logits.new_full((logits.shape[0], n, logits.shape[-1]), float("nan"))
+            logits = full.index_copy(1, rows, logits)
         if return_type == "logits":
             return logits
         if return_type is None:
@@ -478,6 +546,30 @@ class SoftPriorTransformer(HookedTransformer):
             raise ValueError("return_type 'loss'/'both' (next-token loss) needs token inputs; use a task's loss")
         loss = lm_cross_entropy_loss(logits, tokens, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
+
+    def _causal(self, n: int, device) -> Tensor:
+        """The additive causal mask ``[n, n]`` (0 on and below the diagonal, -inf above), cached."""
+        key = (n, str(device))
+        mask = self._causal_cache.get(key)
+        if mask is None:
+            mask = torch.full((n, n), float("-inf"), device=device).triu(1)
+            self._causal_cache = {key: mask}
+        return mask
+
+    def _rows(self, positions, n: int) -> Tensor | None:
+        """``positions`` as sorted distinct rows on the model's device, or None where the
+        fast path would not help (every position asked for, or a last-layer prior needs
+        the attention scores)."""
+        rows = torch.as_tensor(positions).flatten()
+        if rows.dtype == torch.bool:
+            rows = rows.nonzero().flatten()
+        rows = rows.long()
+        if rows.numel() and (int(rows.min()) < -n or int(rows.max()) >= n):
+            raise ValueError(f"positions must be in [-{n}, {n}); got {rows.tolist()}")
+        rows = torch.unique(rows % n)  # sorted, distinct
+        if rows.numel() >= n or any(p.needs_scores for p in self.blocks[-1].attn.priors.values()):
+            return None
+        return rows.to(self.W_E.device)
 
     # -- gates ---------------------------------------------------------------------------
     @property

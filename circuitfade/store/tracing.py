@@ -16,6 +16,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from circuitfade.gating.evaluation import NoGatesError
+from circuitfade.model.devices import resolve_device, to_device
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_set
 
 from .series import CheckpointSeries
@@ -240,6 +241,7 @@ def trace(
     progress: bool = True,
     skip_errors: tuple[type[BaseException], ...] = (NoGates,),
     grad: bool = False,
+    device: str | None = None,
     **kwargs,
 ) -> pd.DataFrame:
     """Evaluate ``metrics`` on every snapshot of ``series`` into one tidy DataFrame.
@@ -252,7 +254,9 @@ def trace(
     user's own :class:`Batch` (then exactly that batch is the data; see
     :meth:`Batch.from_answers`). A :class:`Batch` is moved to each model's device. If a
     metric needs data and there is neither task nor batch, ``ValueError``: "this series
-    has no task; pass task=".
+    has no task; pass task=". ``device``
+    (``"cpu"``, ``"cuda"``, ``"mps"``, ``"auto"``) moves each snapshot's model there
+    first (default: where the series put it).
 
     Metric protocol (explicit, see :class:`Metric`): ``metrics`` is a dict ``{name: fn}``
     or a list of functions / :class:`Metric` objects. Each is called with the inputs it
@@ -295,7 +299,10 @@ def trace(
     frames: list[pd.DataFrame] = []
     bar = tqdm(series, total=len(series), disable=not progress, desc=str(series.metadata.get("run", "trace")),
                leave=False)
+    if device is not None:
+        resolve_device(device)  # fails before any work if the device is not here
     for step, model in bar:
+        model = to_device(model, device)
         dev = _model_device(model)
         b = batch.to(dev) if isinstance(batch, (Batch, Tensor)) and dev is not None else batch
         for m in items:

@@ -23,6 +23,7 @@ from .base import (
     eval_label,
     eval_set,
 )
+from .kpart import KPart, KPartConfig
 from .linreg import LinearRegressionICL, LinRegConfig, RegressionBatch
 from .markov import MarkovInduction, MarkovInductionConfig
 from .repeats import Repeats, RepeatsConfig
@@ -139,6 +140,7 @@ register_task("markov", config_factory(MarkovInduction, MarkovInductionConfig))
 register_task("linreg", config_factory(LinearRegressionICL, LinRegConfig))
 register_task("repeats", config_factory(Repeats, RepeatsConfig))
 register_task("ambiguous", config_factory(AmbiguousRecall, AmbiguousRecallConfig))
+register_task("kpart", config_factory(KPart, KPartConfig))
 
 __all__ = [
     "AmbiguousBatch",
@@ -153,6 +155,8 @@ __all__ = [
     "AmbiguousRecall",
     "AmbiguousRecallConfig",
     "IGNORE_INDEX",
+    "KPart",
+    "KPartConfig",
     "AssocRecall",
     "AssocRecallConfig",
     "Batch",

@@ -57,6 +57,14 @@ class RegressionBatch:
     def __len__(self) -> int:
         return self.inputs.shape[0]
 
+    @property
+    def device(self) -> torch.device:
+        return self.inputs.device
+
+    def to(self, device) -> "RegressionBatch":
+        """A copy with every tensor on ``device``."""
+        return RegressionBatch(self.inputs.to(device), self.targets.to(device), self.answer_mask.to(device))
+
     def __getitem__(self, index) -> "RegressionBatch":
         if isinstance(index, int):
             index = slice(index, index + 1)

@@ -46,9 +46,10 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from circuitfade import __version__
-from circuitfade.gating.evaluation import CONDITIONS, evaluate_conditions
+from circuitfade.gating.evaluation import CONDITIONS, answer_logits, evaluate_conditions
 from circuitfade.io import CheckpointError, atomic_write, read_json, save_tensors, write_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
+from circuitfade.model.devices import check_device_name, resolve_device
 from circuitfade.gating.paths import GatePath, parse_path
 from circuitfade.gating.schedules import Schedule, parse_schedule
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, eval_set, make_task
@@ -98,8 +99,11 @@ class TrainConfig:
     prior_dropout: float = 0.0  # probability a training batch runs with every gate at 0
     dual_loss: bool = False  # loss at active gates + loss at zero gates, each step
     eval_conditions: tuple = ("normal", "zero", "param", "half")
+    # where to train: cpu | cuda[:N] | mps | auto. Not part of the run's identity (see RunConfig.identity)
+    device: str = "cpu"
 
     def __post_init__(self):
+        check_device_name(self.device)
         for name in ("steps", "batch_size", "eval_every", "eval_size", "checkpoint_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -198,7 +202,16 @@ class RunConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["train"] = asdict(self.train)
+        if d["train"]["device"] == "cpu":
+            del d["train"]["device"]  # the default is left out: config files stay as before
         return {"circuitfade_version": __version__, **d}
+
+    def identity(self) -> dict:
+        """:meth:`to_dict` without the device: a run is the same experiment wherever it
+        trains (cache keys and resume checks use this; devices differ only by rounding)."""
+        d = self.to_dict()
+        d["train"].pop("device", None)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunConfig":
@@ -210,7 +223,7 @@ class RunConfig:
         return cls(**d)
 
     def same_run(self, other: "RunConfig") -> bool:
-        return json.dumps(self.to_dict(), sort_keys=True) == json.dumps(other.to_dict(), sort_keys=True)
+        return json.dumps(self.identity(), sort_keys=True) == json.dumps(other.identity(), sort_keys=True)
 
 
 def _check_task_fits(task: Task, mc: SoftPriorConfig) -> None:
@@ -279,7 +292,10 @@ class Run:
 def _make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
     # every parameter is registered (masked gate logits simply never get a gradient),
     # so optimizer state lines up across gate modes and branches can copy it
-    return torch.optim.AdamW(list(model.parameters()), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # fused=True: one kernel per parameter instead of a Python loop of ops (4.3 -> 0.9 ms per step on the
+    # base model, one CPU thread); deterministic on a given device. A resumed run keeps the implementation
+    # recorded in its checkpoint's param_groups, so old checkpoints resume exactly as they started.
+    return torch.optim.AdamW(list(model.parameters()), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
 
 
 def _apply_hparams(opt: torch.optim.Optimizer, cfg: TrainConfig) -> None:
@@ -301,8 +317,11 @@ def _one_thread():
 
 def new_run(cfg: RunConfig) -> Run:
     """Fresh model/optimizer/generators for ``cfg`` (seeded, deterministic)."""
+    device = resolve_device(cfg.train.device)
     torch.manual_seed(cfg.seed)
-    model = SoftPriorTransformer(cfg.model_config())
+    model = SoftPriorTransformer(cfg.model_config())  # initialised on the CPU: the same weights everywhere
+    if device.type != "cpu":
+        model = model.to(device, print_details=False)
     opt = _make_optimizer(model, cfg.train)
     data_gen = torch.Generator().manual_seed(cfg.seed)
     dropout_gen = torch.Generator().manual_seed(cfg.seed + 7919)
@@ -430,6 +449,8 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
     path = cfg.gate_path()
     ckpts = set(checkpoint_steps(tc, start=int((cfg.parent or {}).get("step", 0))))
     priors = model.cfg.priors
+    device = model.W_E.device  # batches are drawn on the CPU generator, then moved here
+    eval_batch = eval_batch.to(device) if device.type != "cpu" else eval_batch
 
     def record(loss_value: float) -> None:
         _set_gates_for_step(model, path, run.step)
@@ -461,16 +482,17 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
                     batch = sampler(run.step, run.data_gen)
                 else:
                     batch = task.sample(tc.batch_size, run.data_gen, **cfg.mix_at(run.step))
+                if device.type != "cpu":
+                    batch = batch.to(device)
                 drop = tc.prior_dropout > 0 and torch.rand((), generator=run.dropout_gen).item() < tc.prior_dropout
-                x = batch.model_input
                 with model.gates(**{p: 0.0 for p in priors}) if drop else contextlib.nullcontext():
-                    loss = task.loss(model(x), batch)
+                    loss = task.loss(answer_logits(model, batch), batch)  # last block at answer positions only
                 if tc.dual_loss:
                     with model.gates(**{p: 0.0 for p in priors}):
-                        loss = loss + task.loss(model(x), batch)
+                        loss = loss + task.loss(answer_logits(model, batch), batch)
                 run.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip, foreach=True)
                 lv, nv = float(loss.detach()), float(norm)
                 if not (math.isfinite(lv) and math.isfinite(nv)):
                     raise TrainingDiverged(run.step, f"non-finite loss {lv} / gradient norm {nv} (weights not updated)")
@@ -563,6 +585,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
     diverges raises :class:`TrainingDiverged` and is recorded in ``failed.json``
     (asking for it again raises the same error rather than retraining).
     """
+    resolve_device(cfg.train.device)  # an unavailable device fails before anything is written
     with _one_thread():
         task = cfg.make_task()
         ev = eval_set(task, n=cfg.train.eval_size, seed=EVAL_SEED)

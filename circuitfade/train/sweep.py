@@ -45,7 +45,7 @@ EXECUTORS = ("local", "ray", "serial")
 
 
 def _canonical(cfg: RunConfig) -> dict:
-    d = cfg.to_dict()
+    d = cfg.identity()  # the device is not part of a run's identity
     d.pop("circuitfade_version", None)
     if d.get("parent"):
         d["parent"] = {"run": Path(d["parent"]["run"]).name, "step": d["parent"]["step"]}

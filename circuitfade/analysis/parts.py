@@ -1,0 +1,286 @@
+"""Part ablation: how much of a capability survives when one part of its circuit is removed.
+
+The no-partial-credit test (issue 16). A circuit has ``K`` parts (heads, or groups of
+heads). *Partial credit* predicts that removing one part leaves ``(K-1)/K`` of the
+capability; *no partial credit* (the conjunction view) predicts ~0. For any
+TransformerLens model with the standard ``blocks.{l}.attn.hook_z`` hooks (our
+models, a plain ``HookedTransformer``, models from :func:`circuitfade.store.attach`,
+Hugging Face checkpoints converted by TransformerLens), :func:`part_ablation`
+ablates each part alone and, for comparison, ``n_random`` randomly drawn non-part
+heads, and reports the *retained fraction*::
+
+    retained = (acc_ablated - chance) / (acc_intact - chance)
+
+i.e. the fraction of the way from chance to the intact model that is left (1: nothing
+lost; 0: at chance; it can leave ``[0, 1]`` by noise or when an ablation helps).
+Accuracy is the task's (argmax over the logits equals the target, pooled over the
+answer positions of the batch). A cell whose intact accuracy is within
+``min_gap`` of chance does not discriminate and gets ``retained = NaN``.
+
+Ablations replace the head's output ``z`` (``[batch, pos, head, d_head]``, before
+``W_O``) at every position, everything downstream recomputed:
+
+* ``"mean"``: by its position-wise batch mean from the clean forward;
+* ``"zero"``: by 0;
+* ``"resample"``: by the same head's ``z`` on another sequence of the batch (a seeded
+  random permutation with no fixed points).
+
+:func:`trace_part_ablation` maps it over a checkpoint series (via
+:func:`circuitfade.store.trace`). :func:`pool_cells` pools cells (capability x model x
+scale, or seeds, or checkpoints) into the study's statistics: median retained, how
+many discriminating cells fall below the partial-credit prediction, and a one-sided
+exact sign test (under partial credit a cell is as likely above as below its
+prediction; ``p = P(Binomial(n, 1/2) >= n_below)``; the study's 32 of 32 gives
+``2^-32 = 2.3e-10``, its reported ``p = 2e-10``). The test is
+:func:`circuitfade.stats.sign_test`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from circuitfade.analysis.heads import _check_model, head_label
+from circuitfade.store import trace
+from circuitfade.tasks import Batch, Task, eval_set
+from circuitfade.stats import sign_test
+
+__all__ = ["METHODS", "PART_COLUMNS", "part_ablation", "trace_part_ablation", "pool_cells", "sign_test",
+           "normalize_parts", "retained_fraction"]
+
+METHODS = ("mean", "zero", "resample")
+PART_COLUMNS = ("kind", "part", "heads", "method", "n_parts", "acc_intact", "acc_ablated", "chance",
+                "retained", "partial_credit")
+"""Columns of :func:`part_ablation` (in this order)."""
+
+Head = tuple[int, int]
+
+
+def normalize_parts(parts) -> dict[str, list[Head]]:
+    """``{name: [(layer, head), ..]}`` from a list of heads, a list of head groups, or a mapping
+    ``{name: head or [heads]}``. Unnamed parts are named by their heads (``"L0H2"``,
+    ``"L1H0+L1H3"``)."""
+    def heads_of(x) -> list[Head]:
+        if isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(v, (int, np.integer)) for v in x):
+            return [(int(x[0]), int(x[1]))]
+        if isinstance(x, (tuple, list)) and x and all(isinstance(h, (tuple, list)) and len(h) == 2 for h in x):
+            return [(int(h[0]), int(h[1])) for h in x]
+        raise ValueError(f"a part must be a (layer, head) pair or a non-empty list of them, got {x!r}")
+
+    if isinstance(parts, Mapping):
+        out = {str(k): heads_of(v) for k, v in parts.items()}
+    elif isinstance(parts, (list, tuple)):
+        groups = [heads_of(p) for p in parts]
+        out = {"+".join(head_label(*h) for h in g): g for g in groups}
+        if len(out) != len(groups):
+            raise ValueError(f"parts: the same part is listed twice in {parts!r}")
+    else:
+        raise ValueError(f"parts: expected a list of heads / head groups or a mapping, got {type(parts).__name__}")
+    if not out:
+        raise ValueError("parts: expected at least one part")
+    flat = [h for g in out.values() for h in g]
+    if len(set(flat)) != len(flat):
+        raise ValueError(f"parts: a head belongs to two parts in {out}")
+    return out
+
+
+def retained_fraction(acc_ablated: float, acc_intact: float, chance: float, *, min_gap: float = 0.1) -> float:
+    """``(acc_ablated - chance) / (acc_intact - chance)``; NaN unless ``acc_intact >= chance + min_gap``."""
+    if not acc_intact >= chance + min_gap:
+        return float("nan")
+    return (acc_ablated - chance) / (acc_intact - chance)
+
+
+def _accuracy(logits: Tensor, batch: Batch) -> float:
+    correct = (logits.argmax(-1) == batch.targets) & batch.answer_mask
+    return float(correct.sum()) / batch.n_answers
+
+
+def _derangement(n: int, generator: torch.Generator) -> Tensor:
+    if n < 2:
+        raise ValueError("method='resample' needs a batch of at least 2 sequences")
+    perm = torch.randperm(n, generator=generator)
+    fixed = perm == torch.arange(n)
+    if fixed.any():  # rotate the fixed points among themselves (or swap the only one with a neighbour)
+        idx = fixed.nonzero().flatten()
+        if len(idx) == 1:
+            j = (int(idx[0]) + 1) % n
+            perm[idx[0]], perm[j] = perm[j].clone(), perm[idx[0]].clone()
+        else:
+            perm[idx] = perm[idx.roll(1)]
+    return perm
+
+
+def _resolve(model, task_or_batch, task: Task | None, chance: float | None, n: int, seed: int | None):
+    if isinstance(task_or_batch, Task):
+        task = task_or_batch
+        batch = eval_set(task, n=n) if seed is None else eval_set(task, n=n, seed=seed)
+    elif isinstance(task_or_batch, Batch):
+        batch = task_or_batch
+    elif isinstance(task_or_batch, tuple) and len(task_or_batch) == 2:
+        task, batch = task_or_batch
+    else:
+        raise ValueError(f"task_or_batch: expected a Task, a Batch or (task, batch), got {type(task_or_batch).__name__}")
+    if not isinstance(batch, Batch) or batch.n_answers == 0:
+        raise ValueError("part_ablation needs a Batch with at least one answer position")
+    if chance is None:
+        if task is None:
+            raise ValueError("part_ablation on a bare Batch needs chance= (or pass the task)")
+        chance = float(task.chance)
+    if batch.n_pos > model.cfg.n_ctx:
+        raise ValueError(f"batch: sequence length {batch.n_pos} exceeds the model's n_ctx={model.cfg.n_ctx}")
+    if int(batch.tokens.max()) >= model.cfg.d_vocab:
+        raise ValueError(f"batch: token ids up to {int(batch.tokens.max())} but the model's d_vocab={model.cfg.d_vocab}")
+    device = next(model.parameters()).device
+    return batch.to(device), float(chance)
+
+
+@torch.no_grad()
+def part_ablation(
+    model,
+    parts,
+    task_or_batch,
+    *,
+    method: str = "mean",
+    n_random: int = 8,
+    seed: int = 0,
+    task: Task | None = None,
+    chance: float | None = None,
+    n: int = 512,
+    eval_seed: int | None = None,
+    min_gap: float = 0.1,
+) -> pd.DataFrame:
+    """Retained fraction of the capability when each part, and each of ``n_random`` random
+    non-part heads, is ablated alone (see the module docstring for the definitions).
+
+    ``parts``: see :func:`normalize_parts`. ``task_or_batch``: a :class:`Task` (scored on
+    ``eval_set(task, n, eval_seed)``), a :class:`Batch` (then ``chance=`` or ``task=``), or
+    ``(task, batch)``. ``n_random``: how many distinct non-part heads to draw (fewer if
+    fewer exist), with ``seed`` (which also seeds ``"resample"``).
+
+    Returns a tidy frame with :data:`PART_COLUMNS` (one row per ablation): ``kind``
+    (``"part"`` or ``"random"``), ``part`` (its name, or the head's label), ``heads``
+    (labels joined by ``+``), ``method``, ``n_parts`` (K), the two accuracies, ``chance``,
+    ``retained`` and ``partial_credit = (K-1)/K``. The model's train/eval mode is restored.
+    """
+    n_layers, n_heads = _check_model(model, "hook_z")
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 0:
+        raise ValueError(f"n_random: expected an int >= 0, got {n_random!r}")
+    named = normalize_parts(parts)
+    for name, heads in named.items():
+        bad = [h for h in heads if not (0 <= h[0] < n_layers and 0 <= h[1] < n_heads)]
+        if bad:
+            raise ValueError(f"part {name!r}: heads {bad} not in a model with {n_layers} layers x {n_heads} heads")
+    batch, chance = _resolve(model, task_or_batch, task, chance, n, eval_seed)
+    gen = torch.Generator().manual_seed(int(seed))
+    in_parts = {h for g in named.values() for h in g}
+    others = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in in_parts]
+    pick = torch.randperm(len(others), generator=gen)[: min(n_random, len(others))].tolist()
+    randoms = {head_label(*others[i]): [others[i]] for i in sorted(pick)}
+    perm = _derangement(len(batch), gen) if method == "resample" else None
+    K = len(named)
+    names = [f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
+    clean: dict[int, Tensor] = {}
+
+    def save(layer: int):
+        def hook(z, hook):
+            clean[layer] = z.detach()
+        return hook
+
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model.run_with_hooks(batch.tokens, fwd_hooks=[(nm, save(l)) for l, nm in enumerate(names)])
+        if len(clean) != n_layers:
+            raise ValueError("model: a hook_z hook did not fire during the forward pass")
+        acc_intact = _accuracy(logits, batch)
+
+        def ablate(layer: int, heads: list[int]):
+            def hook(z, hook):
+                z = z.clone()
+                for h in heads:
+                    if method == "zero":
+                        z[:, :, h] = 0.0
+                    elif method == "mean":
+                        z[:, :, h] = clean[layer][:, :, h].mean(0)
+                    else:
+                        z[:, :, h] = clean[layer][perm, :, h]
+                return z
+            return hook
+
+        rows = []
+        for kind, group in (("part", named), ("random", randoms)):
+            for name, heads in group.items():
+                by_layer: dict[int, list[int]] = {}
+                for l, h in heads:
+                    by_layer.setdefault(l, []).append(h)
+                hooks = [(names[l], ablate(l, hs)) for l, hs in by_layer.items()]
+                acc = _accuracy(model.run_with_hooks(batch.tokens, fwd_hooks=hooks), batch)
+                rows.append({"kind": kind, "part": name, "heads": "+".join(head_label(*h) for h in heads),
+                             "method": method, "n_parts": K, "acc_intact": acc_intact, "acc_ablated": acc,
+                             "chance": chance, "retained": retained_fraction(acc, acc_intact, chance, min_gap=min_gap),
+                             "partial_credit": (K - 1) / K})
+    finally:
+        model.train(was_training)
+    return pd.DataFrame(rows, columns=list(PART_COLUMNS))
+
+
+def trace_part_ablation(series, parts, task: Task | None = None, *, method: str = "mean", n_random: int = 8,
+                        seed: int = 0, batch: Batch | None = None, n: int = 512, progress: bool = False,
+                        min_gap: float = 0.1) -> pd.DataFrame:
+    """:func:`part_ablation` at every snapshot of a checkpoint series, via :func:`circuitfade.store.trace`.
+
+    ``parts``: fixed parts (as for :func:`part_ablation`), or a callable
+    ``parts(model, batch) -> parts`` evaluated at each snapshot (e.g. heads found by a
+    screen at that step). Returns the trace frame: ``step``, ``metric = "retained"``,
+    ``value`` (the retained fraction), the :data:`PART_COLUMNS` and the series metadata.
+    """
+    task = task if task is not None else series.task
+    if task is None:
+        raise ValueError("trace_part_ablation needs a task (the series has none)")
+
+    def metric(model, b, t):
+        ps = parts(model, b) if callable(parts) else parts
+        df = part_ablation(model, ps, (t, b), method=method, n_random=n_random, seed=seed, min_gap=min_gap)
+        return df.assign(metric="retained", value=df["retained"])
+
+    kw = {"batch": batch} if batch is not None else {"n": n}
+    return trace(series, {"retained": metric}, task, progress=progress, **kw)
+
+
+def pool_cells(frame: pd.DataFrame, by: Sequence[str], *, kind: str = "part", n_boot: int = 2000,
+               seed: int = 0) -> dict:
+    """Pool :func:`part_ablation` rows into cells (``by``: e.g. ``["k", "seed"]``) and summarise.
+
+    A cell's value is the mean retained fraction over its ablations of ``kind``; a cell
+    discriminates when that value is finite (its intact model is ``min_gap`` above
+    chance). Returns ``{"cells": frame (by..., retained, partial_credit, below), "n_cells",
+    "n_discriminating", "median", "median_lo", "median_hi" (bootstrap 95% interval over
+    cells, ``n_boot`` resamples), "n_below" (cells below their partial-credit prediction),
+    "p_sign" (:func:`sign_test`), "test"}``.
+    """
+    missing = [c for c in list(by) + ["kind", "retained", "partial_credit"] if c not in frame.columns]
+    if missing:
+        raise ValueError(f"pool_cells: frame lacks columns {missing}")
+    rows = frame[frame["kind"] == kind]
+    cells = rows.groupby(list(by), dropna=False).agg(retained=("retained", "mean"),
+                                                     partial_credit=("partial_credit", "first")).reset_index()
+    cells["below"] = cells["retained"] < cells["partial_credit"]
+    ok = cells[np.isfinite(cells["retained"])]
+    vals = ok["retained"].to_numpy()
+    n_below = int(ok["below"].sum())
+    if len(vals):
+        rng = np.random.default_rng(seed)
+        boots = np.median(rng.choice(vals, size=(n_boot, len(vals)), replace=True), axis=1)
+        med, lo, hi = float(np.median(vals)), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
+    else:
+        med = lo = hi = float("nan")
+    return {"cells": cells, "n_cells": len(cells), "n_discriminating": len(ok), "median": med, "median_lo": lo,
+            "median_hi": hi, "n_below": n_below, "p_sign": sign_test(n_below, len(ok)),
+            "test": "one-sided exact sign test, P(Binomial(n, 1/2) >= n_below)"}

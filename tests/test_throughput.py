@@ -1,0 +1,288 @@
+"""Throughput paths: answer-position fast path, torch.compile, devices, deduplicated evaluation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from circuitfade.gating.evaluation import answer_logits, evaluate_batch, evaluate_conditions
+from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
+from circuitfade.tasks import AssocRecall, make_task
+
+
+def make_model(seed=0, **kw):
+    torch.manual_seed(seed)
+    m = SoftPriorTransformer(SoftPriorConfig(**kw))
+    with torch.no_grad():  # non-trivial priors, so a wrong row of the bias table shows
+        for attn in m.attn_layers:
+            if "pos" in attn.priors:
+                attn.priors["pos"].pos_bias.normal_(0, 1.0)
+    return m
+
+
+def _loss_and_grads(model, batch, task, fast: bool):
+    model.zero_grad(set_to_none=True)
+    logits = answer_logits(model, batch) if fast else model(batch.model_input)
+    loss = task.loss(logits, batch)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("kw", [
+    {},                                           # the paper's base model
+    {"attn_only": False, "d_mlp": 32},            # with an MLP in the last block
+    {"positional_embedding_type": "standard"},    # with a learned absolute position
+    {"priors": ("alibi", "content")},             # a zoo prior that ignores query_index
+])
+def test_answer_path_matches_full_path_loss_and_every_gradient(kw):
+    task = AssocRecall()
+    batch = task.sample(16, torch.Generator().manual_seed(3))
+    m = make_model(seed=1, **kw) if "priors" not in kw else SoftPriorTransformer(SoftPriorConfig(**kw))
+    lf, gf = _loss_and_grads(m, batch, task, fast=False)
+    la, ga = _loss_and_grads(m, batch, task, fast=True)
+    torch.testing.assert_close(la, lf, atol=1e-5, rtol=1e-5)
+    assert ga.keys() == gf.keys() and len(gf) > 10
+    for n in gf:
+        torch.testing.assert_close(ga[n], gf[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_answer_path_computes_only_answer_rows_and_matches_them():
+    m = make_model(seed=2)
+    tokens = torch.randint(0, 32, (4, 31), generator=torch.Generator().manual_seed(0))
+    full = m(tokens)
+    part = m(tokens, positions=torch.tensor([30, 7]))
+    torch.testing.assert_close(part[:, [7, 30]], full[:, [7, 30]], atol=1e-5, rtol=1e-5)
+    others = [i for i in range(31) if i not in (7, 30)]
+    assert torch.isnan(part[:, others]).all()  # not computed: never silently zeros
+    # boolean masks and negative indices name the same rows
+    torch.testing.assert_close(m(tokens, positions=torch.arange(31) == 30)[:, 30], full[:, 30])
+    torch.testing.assert_close(m(tokens, positions=[-1])[:, 30], full[:, 30])
+    with pytest.raises(ValueError, match="positions must be in"):
+        m(tokens, positions=[31])
+    with pytest.raises(ValueError, match="return_type='logits'"):
+        m(tokens, return_type="loss", positions=[30])
+
+
+def test_answer_path_is_ignored_when_a_hook_is_attached():
+    m = make_model(seed=2)
+    tokens = torch.randint(0, 32, (2, 31), generator=torch.Generator().manual_seed(0))
+    seen = []
+    out = m.run_with_hooks(tokens, positions=[30], fwd_hooks=[("blocks.1.attn.hook_pattern",
+                                                              lambda act, hook: seen.append(act.shape))])
+    assert not torch.isnan(out).any()  # hooked path: every position computed
+    assert seen == [torch.Size([2, 4, 31, 31])]
+
+
+def test_evaluation_metrics_unchanged_by_answer_path():
+    task = make_task("markov")  # answers at varying positions per example
+    batch = task.sample(32, torch.Generator().manual_seed(0))
+    m = make_model(seed=4)
+    fast = evaluate_batch(m, task, batch, "zero")
+    m.use_fused = False  # hooked path: full positions
+    full = evaluate_batch(m, task, batch, "zero")
+    assert fast.keys() == full.keys()
+    for k in fast:
+        assert fast[k] == pytest.approx(full[k], abs=1e-5), k
+
+
+def test_nope_prior_reads_its_own_embedding_tensor_under_inplace_residual_hook():
+    """An in-place hook on blocks.0.hook_resid_pre must not change what the content prior reads."""
+    m = make_model(seed=5, priors=("content",))
+    tokens = torch.randint(0, 32, (2, 31), generator=torch.Generator().manual_seed(0))
+    grab = {}
+
+    def inplace(act, hook):
+        act.mul_(0.0)  # wipe the residual in place (as TransformerLens's patching may)
+
+    def keep(act, hook):
+        grab["bias"] = act.detach().clone()
+
+    m.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", inplace),
+                                        ("blocks.0.attn.hook_content_bias", keep)])
+    _, cache = m.run_with_cache(tokens, names_filter="blocks.0.attn.hook_content_bias")
+    expected = cache["blocks.0.attn.hook_content_bias"]
+    assert expected.abs().max() > 1e-3
+    torch.testing.assert_close(grab["bias"], expected)
+
+
+# --------------------------------------------------------------------------------------
+# evaluation conditions with the same gate values run once
+# --------------------------------------------------------------------------------------
+def test_conditions_with_equal_gates_are_evaluated_once_and_logged_under_every_name(monkeypatch):
+    import circuitfade.gating.evaluation as ev
+
+    task = AssocRecall()
+    batch = task.sample(16, torch.Generator().manual_seed(0))
+    m = make_model(seed=6, gate_modes={"pos": "scheduled", "content": "scheduled"})  # param = half = 0.5
+    calls = []
+    real = ev.evaluate_batch
+
+    def counting(model, task, batch, condition="normal"):
+        calls.append(condition)
+        return real(model, task, batch, condition)
+
+    monkeypatch.setattr(ev, "evaluate_batch", counting)
+    m.set_gate_values(pos=0.0, content=0.0)  # after the fade: normal = zero
+    out = ev.evaluate_conditions(m, task, batch, ("normal", "zero", "param", "half"))
+    assert calls == ["normal", "param"]
+    assert out["acc_zero"] == out["acc_normal"] and out["loss_zero"] == out["loss_normal"]
+    assert out["acc_half"] == out["acc_param"] and out["loss_half"] == out["loss_param"]
+    assert out["loss_normal"] != out["loss_param"]  # the two groups are distinct models
+    # and the values are what a separate evaluation of each condition gives
+    monkeypatch.setattr(ev, "evaluate_batch", real)
+    for c in ("normal", "zero", "param", "half"):
+        assert out[f"loss_{c}"] == pytest.approx(real(m, task, batch, c)["loss"], abs=1e-6), c
+
+
+def test_learned_gates_keep_every_condition():
+    task = AssocRecall()
+    batch = task.sample(8, torch.Generator().manual_seed(0))
+    m = make_model(seed=7)  # learned gates at 0.5: normal = param = half here, zero differs
+    out = evaluate_conditions(m, task, batch)
+    assert {"acc_normal", "acc_zero", "acc_param", "acc_half"} <= set(out)
+    with torch.no_grad():
+        m.blocks[0].attn.gate_pos_logit.fill_(3.0)  # now normal = param != half
+    out = evaluate_conditions(m, task, batch)
+    assert out["loss_normal"] == out["loss_param"] and out["loss_normal"] != out["loss_half"]
+
+
+# --------------------------------------------------------------------------------------
+# torch.compile
+# --------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("fused", [True, False])
+def test_torch_compile_matches_eager(fused):
+    torch._dynamo.reset()
+    m = make_model(seed=8, n_layers=1, d_model=16, d_head=4, n_ctx=8, d_vocab=8)
+    m.use_fused = fused
+    tokens = torch.randint(0, 8, (2, 8), generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(m)
+    out = compiled(tokens)
+    out.sum().backward()
+    torch.testing.assert_close(out.detach(), m(tokens).detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_attn_scale_is_a_python_float():
+    """SDPA's ``scale`` and torch.compile need a float, not the numpy scalar TransformerLens stores."""
+    m = make_model(seed=0)
+    assert all(type(a.attn_scale) is float for a in m.attn_layers)
+    torch.testing.assert_close(m.attn_layers[0].attn_scale, 4.0)
+
+
+# --------------------------------------------------------------------------------------
+# devices
+# --------------------------------------------------------------------------------------
+from circuitfade.model.devices import resolve_device  # noqa: E402
+from circuitfade.train.loop import RunConfig, TrainConfig, train  # noqa: E402
+from circuitfade.train.sweep import run_key  # noqa: E402
+
+
+def test_device_does_not_change_run_identity():
+    # keys computed by the release before TrainConfig.device existed (results/runs depend on them)
+    assert run_key(RunConfig()) == "assoc-fade600to0-s0-78ea2186"
+    assert run_key(RunConfig(path="unforced", seed=3, train=TrainConfig(steps=200, eval_every=50))) == \
+        "assoc-unforced-s3-d3b59afd"
+    assert run_key(RunConfig(train=TrainConfig(device="auto"))) == "assoc-fade600to0-s0-78ea2186"
+    assert "device" not in RunConfig().to_dict()["train"]  # config.json of a default run: as before
+    cfg = RunConfig(train=TrainConfig(device="cuda:1"))
+    assert cfg.to_dict()["train"]["device"] == "cuda:1"  # recorded, so sweep workers get it ...
+    assert RunConfig.from_dict(cfg.to_dict()).train.device == "cuda:1"
+    assert cfg.same_run(RunConfig())  # ... but the same experiment
+
+
+def test_resolve_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device(None) == torch.device("cpu")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="MPS is not available"):
+        resolve_device("mps")
+    for bad in ("gpu", "cuda:x", "cpu:0", ""):
+        with pytest.raises(ValueError, match="device must be one of"):
+            resolve_device(bad)
+    with pytest.raises(ValueError, match="device must be one of"):
+        TrainConfig(device="gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto") == torch.device("cuda")  # auto prefers CUDA where there is one
+    with pytest.raises(ValueError, match="only 1 CUDA device"):
+        resolve_device("cuda:1")
+
+
+def test_unavailable_device_fails_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        train(RunConfig(train=TrainConfig(steps=2, device="cuda")), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+    from circuitfade.cli import main
+
+    assert main(["train", "--steps", "2", "--device", "cuda", "--out", str(tmp_path / "cli"), "--quiet"]) == 2
+    assert not (tmp_path / "cli").exists()
+
+
+def test_runs_are_bit_identical_on_the_same_device_whatever_the_name(tmp_path):
+    tc = dict(steps=20, eval_every=10, checkpoint_every=10, eval_size=64)
+    a = train(RunConfig(train=TrainConfig(**tc)), tmp_path / "a", progress=False)
+    b = train(RunConfig(train=TrainConfig(**tc, device="auto")), None, progress=False)  # auto = cpu here
+    for (n, p), (_, q) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        assert torch.equal(p, q), n
+    import json
+
+    assert json.dumps(a.metrics) == json.dumps(b.metrics)  # (NaN train loss at step 0 compares equal here)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "a" / "checkpoints" / "step_000020.safetensors"), framework="pt") as f:
+        assert all(f.get_tensor(k).device.type == "cpu" for k in f.keys())
+
+
+def test_trace_and_screens_take_a_device(monkeypatch):
+    from circuitfade.analysis.development import screen_series
+    from circuitfade.store import attach, trace
+
+    def n_params(model):
+        return float(sum(p.numel() for p in model.parameters()))
+
+    n_params.metric_inputs = ("model",)  # a weight-only metric
+    m = make_model(seed=9)
+    series = attach([m, m])
+    df = trace(series, {"n": n_params}, device="cpu", progress=False)
+    assert len(df) == 2 and (df.value > 0).all()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        trace(series, {"n": n_params}, device="cuda", progress=False)
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        screen_series(series, device="cuda", progress=False)
+
+
+# --------------------------------------------------------------------------------------
+# the one step-timing helper
+# --------------------------------------------------------------------------------------
+def test_time_steps_interleaves_rounds_and_restores_threads():
+    from circuitfade.train.timing import median_ms, time_steps
+
+    calls = []
+    before = torch.get_num_threads()
+    times = time_steps({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                       steps=2, rounds=3, warmup=1, threads=1)
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3  # warm-up, then round by round
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert set(median_ms(times)) == {"a", "b"} and torch.get_num_threads() == before
+    with pytest.raises(ValueError):
+        time_steps({"a": lambda: None}, steps=0)
+
+
+def test_trainer_uses_fused_adamw_and_old_checkpoints_resume_with_their_own_optimizer(tmp_path):
+    """New runs step with fused AdamW; a checkpoint written by the non-fused optimizer of the
+    previous release resumes with that implementation (its param_groups say so), so it
+    continues exactly as it started."""
+    from circuitfade.train.loop import _optimizer_from_tensors, _optimizer_to_tensors, new_run
+
+    run = new_run(RunConfig(train=TrainConfig(steps=2)))
+    assert run.optimizer.param_groups[0]["fused"] is True
+    old = torch.optim.AdamW(list(run.model.parameters()), lr=1e-3, weight_decay=0.01)  # previous release's
+    tensors, meta = _optimizer_to_tensors(old)
+    _optimizer_from_tensors(run.optimizer, tensors, meta)
+    assert run.optimizer.param_groups[0]["fused"] is None
