@@ -238,6 +238,8 @@ DELEGATED = {
                 "history dependence between in-context and in-weights learning (balanced mix schedules)"),
     "screen": ("circuitfade.experiments.development", "main",
                "screen a revision series for induction / previous-token / BOS heads, write an HTML report"),
+    "map": ("circuitfade.experiments.removability", "main",
+            "the removability map: fade600->0 vs forced_zero over model size x task, tables and figure"),
     "alignment": ("circuitfade.experiments.alignment", "main",
                   "no-partial-credit circuit formation: part ablation, waiting times, rate equation"),
     "static": ("circuitfade.experiments.static_baselines", "main",
