@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -451,3 +452,17 @@ def test_attention_view_uses_circuitsvis_when_installed(monkeypatch):
     assert not isinstance(attention_view(p, 0), CircuitsVisSeries)  # plotly without it
     with pytest.raises(ImportError, match="pip install circuitsvis"):
         attention_view(p, 0, backend="circuitsvis")
+
+
+def test_save_with_timeout_exports_in_a_child_and_reports_a_hang(tmp_path, monkeypatch):
+    fig = go.Figure(go.Bar(y=[1, 2, 3]))
+    out = plots.save(fig, tmp_path / "child.png", width=300, height=200, timeout=300)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a child that never finishes is killed and reported, not waited for
+    monkeypatch.setattr(plots, "_CHILD_EXPORT", "while True: pass\n")
+    with pytest.raises(plots.ExportError, match="did not finish within 0.2 s"):
+        plots.save(fig, tmp_path / "hang.png", timeout=0.2)
+    monkeypatch.setattr(plots, "_CHILD_EXPORT", "raise SystemExit('no browser here')\n")
+    with pytest.raises(plots.ExportError, match="no browser here"):
+        plots.save(fig, tmp_path / "broken.png", timeout=60)
+    assert not (tmp_path / "hang.png").exists()

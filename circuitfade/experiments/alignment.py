@@ -31,11 +31,9 @@ reused. Waits are in training steps.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import math
-import os
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
@@ -392,46 +390,20 @@ def wait_table(reinit: pd.DataFrame) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------ figures
-_PNG_SCRIPT = """
-import sys
-import plotly.io as pio
-from circuitfade.viz.plots import save
-save(pio.read_json(sys.argv[1]), sys.argv[2])
-"""
-
-
 def _save(fig: go.Figure, stem: Path, *, png: bool = True, timeout: float = 180.0) -> list[str]:
-    """``stem.html`` always (:func:`circuitfade.viz.plots.save`); ``stem.png`` through the same
-    ``save`` in a child process with a timeout (kaleido 0.2.1 can hang on a loaded machine: the
-    figure is then reported as HTML only and the exporter's process group is ended)."""
-    import signal
-    import subprocess
-    import sys
-    import tempfile
-
-    from circuitfade.viz.plots import save
+    """``stem.html`` always; ``stem.png`` through :func:`circuitfade.viz.plots.save` with a
+    timeout (a hung exporter is reported and the figure stays HTML only)."""
+    from circuitfade.viz.plots import ExportError, save
 
     html, out_png = stem.with_suffix(".html"), stem.with_suffix(".png")
     save(fig, html, plotlyjs="cdn")
     written = [html.name]
-    if not png:
-        return written
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "fig.json", Path(tmp) / "fig.png"
-        src.write_text(fig.to_json())
-        proc = subprocess.Popen([sys.executable, "-c", _PNG_SCRIPT, str(src), str(dst)], start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if png:
         try:
-            _, err = proc.communicate(timeout=timeout)
-            if proc.returncode != 0:
-                raise OSError((err or b"").decode(errors="replace").strip().splitlines()[-1:] or "failed")
-            out_png.write_bytes(dst.read_bytes())
+            save(fig, out_png, timeout=timeout)
             written.append(out_png.name)
-        except (subprocess.TimeoutExpired, OSError) as e:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the exporter and the browser it started
-            proc.communicate()
-            print(f"PNG export skipped for {stem.name}: {type(e).__name__}: {e}")
+        except ExportError as e:
+            print(f"PNG export skipped for {stem.name}: {e}")
     return written
 
 

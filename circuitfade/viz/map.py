@@ -7,9 +7,7 @@ one row per cell; ``runs``: one row per run); this module only draws.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -104,24 +102,14 @@ def map_figure(cells: pd.DataFrame, runs: pd.DataFrame, *, models: Sequence[str]
     return fig
 
 
-def export_png(fig: go.Figure, path: str | Path, *, width: int | None = None) -> str | None:
-    """Write ``fig`` as a PNG with kaleido 0.2.1, offline (plotly's bundled plotly.js).
+def export_png(fig: go.Figure, path: str | Path, *, width: int | None = None, timeout: float = 180.0) -> str | None:
+    """Write ``fig`` as a PNG through :func:`circuitfade.viz.plots.save` (in a child process,
+    ``timeout`` seconds at most). Returns ``None`` on success or the reason it could not;
+    PNGs are optional, the HTML is always written."""
+    from circuitfade.viz.plots import ExportError, save
 
-    Returns ``None`` on success or the reason it could not (kaleido missing, or its
-    Chromium not starting); PNGs are optional, the HTML is always written."""
     try:
-        import plotly
-        from kaleido.scopes.plotly import PlotlyScope
-    except ImportError as e:
-        return f"kaleido not importable ({e}); pip install kaleido==0.2.1 (the 'figures' extra)"
-    js = Path(os.path.dirname(plotly.__file__)) / "package_data" / "plotly.min.js"
-    try:
-        scope = PlotlyScope(plotlyjs=str(js), mathjax=False)
-        png = scope.transform(json.loads(fig.to_json()), format="png", width=int(width or fig.layout.width or 900),
-                              height=int(fig.layout.height or 500), scale=1)
-    except Exception as e:  # noqa: BLE001 - PNGs are optional
-        return f"kaleido could not export ({type(e).__name__}: {e})"
-    from circuitfade.io import atomic_write
-
-    atomic_write(path, png)
+        save(fig, path, width=width, timeout=timeout)
+    except ExportError as e:
+        return str(e)
     return None

@@ -129,8 +129,43 @@ def image_exporter():
     return _EXPORTER["result"]
 
 
+_CHILD_EXPORT = """
+import sys
+import plotly.io as pio
+from circuitfade.viz.plots import save
+save(pio.read_json(sys.argv[1]), sys.argv[2], width=int(sys.argv[3]), height=int(sys.argv[4]), scale=float(sys.argv[5]))
+"""
+
+
+def _export_in_child(fig: go.Figure, path: Path, w: int, h: int, scale: float, timeout: float) -> bytes:
+    """Export in a child process that is killed (with the browser it started) after ``timeout`` s:
+    kaleido 0.2's headless Chromium can hang on a heavily loaded machine."""
+    import contextlib
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "fig.json", Path(tmp) / ("fig" + path.suffix)
+        src.write_text(fig.to_json())
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD_EXPORT, str(src), str(dst), str(w), str(h), str(scale)],
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise ExportError(f"cannot write {path}: the image exporter did not finish within {timeout:g} s") from None
+        if proc.returncode != 0:
+            last = (err or b"").decode(errors="replace").strip().splitlines()[-1:] or ["failed"]
+            raise ExportError(f"cannot write {path}: {last[0]}")
+        return dst.read_bytes()
+
+
 def save(fig: go.Figure, path: str | os.PathLike, *, width: int | None = None, height: int | None = None,
-         scale: float = 1.0, plotlyjs: str = "embed") -> Path:
+         scale: float = 1.0, plotlyjs: str = "embed", timeout: float | None = None) -> Path:
     """Write ``fig`` to ``path``, the format taken from its suffix; returns the path.
 
     * ``.html``: always works; plotly.js embedded (``plotlyjs="embed"``, offline, ~4.8 MB)
@@ -138,7 +173,9 @@ def save(fig: go.Figure, path: str | os.PathLike, *, width: int | None = None, h
     * ``.png``, ``.svg``, ``.pdf``, ``.jpeg``, ``.webp``: through :func:`image_exporter`,
       ``width`` (default 900) x ``height`` (default ``fig.layout.height`` or 450) pixels
       times ``scale``. Without a working exporter: :class:`ExportError` saying how to
-      install one (``pip install 'circuitfade[figures]'``).
+      install one (``pip install 'circuitfade[figures]'``). With ``timeout`` (seconds) the
+      export runs in a child process that is killed after that long (an :class:`ExportError`),
+      for batch jobs on loaded machines where the exporter's browser can hang.
 
     Folders are created; the file is written atomically (an existing one is replaced).
     """
@@ -157,11 +194,13 @@ def save(fig: go.Figure, path: str | os.PathLike, *, width: int | None = None, h
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"{path}: unknown figure format {path.suffix!r}; expected .html or one of "
                          + ", ".join("." + f for f in IMAGE_FORMATS))
+    w = int(width or fig.layout.width or 900)
+    h = int(height or fig.layout.height or 450)
+    if timeout is not None:
+        return atomic_write(path, _export_in_child(fig, path, w, h, float(scale), float(timeout)))
     export, why = image_exporter()
     if export is None:
         raise ExportError(f"cannot write {path}: no image exporter works here ({why}). {EXPORTER_HINT}")
-    w = int(width or 900)
-    h = int(height or fig.layout.height or 450)
     return atomic_write(path, export(fig, fmt, w, h, float(scale)))
 
 
