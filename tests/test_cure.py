@@ -71,3 +71,15 @@ def test_cure_figure_bars_are_the_counts_without_a_duplicate_bar():
     bar = cure.cure_figure(scan, arms).data[0]
     assert list(bar.x) == ["W=0", "W=1000", "W=1000 + QK re-init", "W=1000 + OV re-init"]
     assert list(bar.y) == [6, 0, 6, 1] and list(bar.text) == ["6/6", "0/6", "6/6", "1/6"]
+
+
+def test_damage_reads_a_planted_inert_qk_and_an_unused_head():
+    assert cure.uniform_causal_entropy(4) == pytest.approx((0 + 0.6931472 + 1.0986123 + 1.3862944) / 4)
+    run = new_run(cure.withheld_config(0, 10, 10))
+    with torch.no_grad():
+        attn = run.model.blocks[0].attn
+        attn.W_Q.zero_(), attn.W_K.zero_()  # planted: QK scores are 0 -> uniform causal attention
+        attn.W_O[: cure.K].zero_()  # planted: the parts write nothing -> ablating them costs nothing
+    d = cure.damage(run)
+    assert d["entropy_gap_parts"] == pytest.approx(0, abs=1e-5) and d["entropy_gap_spares"] == pytest.approx(0, abs=1e-5)
+    assert d["base_loss_parts_ablated"] == pytest.approx(d["base_loss"], abs=1e-6)

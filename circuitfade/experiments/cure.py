@@ -90,6 +90,64 @@ def _base_loss(run) -> float:
     return float(torch.nn.functional.cross_entropy(logits[:, q], b.targets[:, q]))
 
 
+def uniform_causal_entropy(n: int) -> float:
+    """Mean entropy (nats) of uniform causal attention over query rows ``0..n-1``: ``mean_i ln(i + 1)``."""
+    import math
+
+    return float(np.mean([math.log(i + 1) for i in range(int(n))]))
+
+
+def damage(run) -> dict:
+    """Where the withholding left its mark, at the switch (item 3's "locate the damage").
+
+    On 512 base sequences: the base loss intact, with the K parts mean-ablated at the query
+    (``hook_z`` replaced by its batch mean) and with the spare heads mean-ablated (is a part
+    committed to the base data? then ablating it costs base loss); the parts' and spares'
+    attention entropy on the rows before the query (the only rows their QK slices shape: the
+    query row is pinned) minus the uniform-causal value (0 = the QK slices are inert)."""
+    import torch
+    import torch.nn.functional as F
+
+    from circuitfade.train.loop import EVAL_SEED
+
+    model, task = run.model, run.config.make_task()
+    q, nh = task.query_pos, model.cfg.n_heads
+    b = task.sample(512, torch.Generator().manual_seed(EVAL_SEED + 7), p_capability=0.0)
+
+    def loss(heads: list[int]) -> float:
+        def hook(z, hook):
+            z = z.clone()
+            z[:, q, heads] = z[:, q, heads].mean(0, keepdim=True)
+            return z
+
+        with torch.no_grad():
+            lg = model.run_with_hooks(b.tokens, fwd_hooks=[("blocks.0.attn.hook_z", hook)] if heads else [])
+        return float(F.cross_entropy(lg[:, q], b.targets[:, q]))
+
+    with torch.no_grad():
+        _, cache = model.run_with_cache(b.tokens, names_filter="blocks.0.attn.hook_pattern")
+    pat = cache["blocks.0.attn.hook_pattern"][:, :, :q, :]
+    ent = -(pat.clamp_min(1e-30).log() * pat).sum(-1).mean((0, 2)) - uniform_causal_entropy(q)
+    parts, spares = list(range(K)), list(range(K, nh))
+    return {"base_loss": loss([]), "base_loss_parts_ablated": loss(parts),
+            "base_loss_spares_ablated": loss(spares), "entropy_gap_parts": float(ent[:K].mean()),
+            "entropy_gap_spares": float(ent[K:].mean())}
+
+
+def _damage_at_switch(res: Mapping) -> dict:
+    """:func:`damage` of a withheld run at its switch checkpoint (re-read from its run directory)."""
+    import torch
+
+    from circuitfade.train.loop import RunConfig, load_checkpoint, new_run
+
+    torch.set_num_threads(1)
+    run_dir = Path(res["run_dir"])
+    run = new_run(RunConfig.from_dict(read_json(run_dir / "config.json")))
+    load_checkpoint(run, run_dir, int(res["w"]))
+    run.model.eval()
+    return {"w": int(res["w"]), "seed": int(res["seed"]), "ignited": res["status"] == "ignited", **damage(run)}
+
+
 def withheld_job(spec: Mapping, out: str) -> dict:
     """Train base-only for ``W`` steps (checkpoint at ``W``), add the capability, run until ignition or budget."""
     import torch
@@ -217,6 +275,9 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     scan = (wdf.assign(ok=wdf.status == "ignited").groupby("w")
             .agg(seeds=("seed", "size"), ignited=("ok", "sum"), delay_median=("delay", "median"),
                  base_loss_at_switch=("base_loss_at_switch", "mean")).reset_index())
+    dmg = pd.DataFrame([_damage_at_switch(r) for r in wres if r.get("status") != "failed"])
+    dmg.to_csv(out / "cure_damage.csv", index=False)
+    dmg_t = dmg.groupby("w").agg(**{c: (c, "median") for c in dmg.columns if c not in ("w", "seed", "ignited")})
     w_crit = critical_w(scan)
     w_cure = w_crit if w_crit is not None else int(max(ws))
     cure_ws = sorted({w_cure} | {int(w) for w in EXTRA_CURE_WS if w in ws})
