@@ -14,7 +14,8 @@ block by ``test_every_block_has_a_treatment``):
 * ``parse``: commands that take minutes to hours (``reproduce``, ``history``, ``demo``,
   ``screen`` of a placeholder path) are only *parsed*: their own argument parser is run
   on the exact arguments written (an unknown flag fails) and stopped before any work;
-  ``python -c CODE`` lines of that kind are compiled (syntax only); ``make`` targets are
+  ``python -c CODE`` lines of that kind are compiled (syntax only); ``python benchmarks/X.py``
+  lines run ``X.py --help`` and check every flag written is listed; ``make`` targets are
   checked with ``make -n`` (they exist; nothing runs);
 * ``setup``: commands that build another environment (``python3 -m venv ...``,
   ``.venv*/bin/pip ...``, the TransformerLens-4 install) are not run here: ``make
@@ -48,7 +49,7 @@ PRELUDES = {
     "tokens": "import torch\ntokens = torch.randint(0, 32, (2, 31))  # prelude: the README's 'tokens: int [batch, pos]'\n",
 }
 # commands that take minutes or hours: parsed only
-PARSE_ONLY = ("reproduce", "history", "demo", "alignment")
+PARSE_ONLY = ("reproduce", "history", "demo", "alignment", "map")
 TINY = {
     "train": ["--steps", "20", "--eval-every", "10", "--checkpoint-every", "10", "--quiet"],
     "local-series": ["--steps", "60", "--quiet"],
@@ -119,6 +120,8 @@ def plan(text: str | None = None) -> list[Item]:
                 elif argv[0] == "circuitfade" and argv[1] == "screen" and not any(
                         a.startswith("runs/") for a in argv[2:]):
                     how = "parse"  # a placeholder path (path/to/series)
+                elif argv[0] == "python" and argv[1].startswith("benchmarks/"):
+                    how = "parse"  # benchmarks time minutes of training; their flags are checked
                 elif argv[0] == "python" and argv[1] == "-c":
                     how = "parse" if "run_sweep" in argv[2] else "run"
                 else:
@@ -136,6 +139,13 @@ def parse_only(argv: list[str]) -> None:
     if argv[0] == "make":
         r = subprocess.run(["make", "-n", *argv[1:]], cwd=REPO, capture_output=True, text=True)
         assert r.returncode == 0, f"make -n {argv[1:]}: {r.stderr}"
+        return
+    if argv[0] == "python" and argv[1].startswith("benchmarks/"):
+        r = subprocess.run([sys.executable, str(REPO / argv[1]), "--help"], cwd=REPO, capture_output=True, text=True,
+                           env=_env(), timeout=300)
+        assert r.returncode == 0, f"{argv[1]} --help: {r.stderr[-2000:]}"
+        for flag in (a.split("=")[0] for a in argv[2:] if a.startswith("--")):
+            assert flag in r.stdout, f"README runs {argv[1]} with {flag}, which its --help does not list"
         return
     if argv[0] == "python":
         assert argv[1] == "-c", argv
