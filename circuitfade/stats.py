@@ -32,6 +32,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = [
+    "binomial_exact_interval",
     "DEFAULT_LEVEL",
     "DEFAULT_RESAMPLES",
     "batch_means_interval",
@@ -99,6 +100,33 @@ def wilson_interval(k: float, n: float, level: float = DEFAULT_LEVEL) -> tuple[f
     half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denom
     lo, hi = max(0.0, centre - half), min(1.0, centre + half)
     return (0.0 if float(k) <= 0 else min(lo, p), 1.0 if float(k) >= n else max(hi, p))
+
+
+def binomial_exact_interval(k: int, n: int, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) interval ``(lo, hi)`` of a proportion: ``k`` successes in ``n`` trials.
+
+    ``lo`` solves ``P(X >= k | lo) = a/2`` and ``hi`` solves ``P(X <= k | hi) = a/2``
+    (``a = 1 - level``; ``lo = 0`` at ``k = 0``, ``hi = 1`` at ``k = n``), by bisection on the
+    exact binomial tail. E.g. ``0/6`` at 95%: ``(0, 0.4593)``. Bad counts raise ``ValueError``.
+    """
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (k, n)) or n < 1 or not 0 <= k <= n:
+        raise ValueError(f"binomial_exact_interval: expected integers 0 <= k <= n, n >= 1; got k={k!r}, n={n!r}")
+    a = 1.0 - _check_level(level)
+    k, n = int(k), int(n)
+
+    def cdf(j: int, p: float) -> float:  # P(X <= j)
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(j + 1))
+
+    def solve(f) -> float:  # f increasing in p on [0, 1], root by bisection
+        lo, hi = 0.0, 1.0
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+        return (lo + hi) / 2
+
+    lower = 0.0 if k == 0 else solve(lambda p: (1 - cdf(k - 1, p)) - a / 2)
+    upper = 1.0 if k == n else solve(lambda p: a / 2 - cdf(k, p))
+    return (lower, upper)
 
 
 def mean_se(values) -> tuple[float, float]:

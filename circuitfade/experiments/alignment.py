@@ -58,7 +58,7 @@ from circuitfade.train.surgery import reinit_heads
 __all__ = ["EXPERIMENTS", "STUDY", "TASK", "base_config", "job_key", "base_job", "reinit_job", "fit_rate",
            "predict_wait", "freeze_constants", "load_constants", "run", "verdicts", "main"]
 
-EXPERIMENTS = ("ablation", "waiting", "rate")
+EXPERIMENTS = ("ablation", "waiting", "rate", "cure")  # cure: circuitfade.experiments.cure
 
 # ------------------------------------------------------------------ the apparatus, fixed
 V, N_DISTRACTORS = 3, 1
@@ -209,7 +209,12 @@ def reinit_job(spec: Mapping, out: str) -> dict:
 
 
 def _worker(kind: str, spec: dict, out: str) -> dict:
-    fn = base_job if kind == "base" else reinit_job
+    if kind in ("withheld", "cure"):
+        from circuitfade.experiments import cure as _cure
+
+        fn = _cure.withheld_job if kind == "withheld" else _cure.cure_job
+    else:
+        fn = base_job if kind == "base" else reinit_job
     try:
         res = fn(spec, out)
         res["status"] = res.get("status", "done")
@@ -546,6 +551,14 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
+    if "cure" in names:  # its own runs (K = 3, 6 seeds); its verdict rows join the table below
+        from circuitfade.experiments.cure import run as run_cure
+
+        cure_res = run_cure(out=out, workers=workers, progress=progress, png=png)
+        names = [n for n in names if n != "cure"]
+        if not names:
+            return {"summary": {}, "verdicts": cure_res["verdicts"], "markdown": cure_res["markdown"],
+                    "cure": cure_res}
     S = list(range(seeds))
     base_specs = [{"kind": "base", "k": k, "seed": s} for k in KS for s in S]
     base = _run_jobs("base", base_specs, out, workers, progress)
@@ -645,6 +658,9 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
                                 + markdown_table(t[["k", "m", "drive", "held_out", "wait_median", "predicted",
                                                     "rel_error"]].round(3)) + "\n")
     v = verdicts(summary)
+    cure_md = out / "cure.md"
+    if (out / "cure_verdicts.csv").is_file():  # the cure's rows (from this or an earlier `cure` call)
+        v = pd.concat([v, pd.read_csv(out / "cure_verdicts.csv")], ignore_index=True)
     for name, fig in figs:
         _save(fig, out / f"fig_{name}", png=png)
     cpu = sum(float(b.get("cpu_s", 0)) for b in base) + (float(reinit.cpu_s.fillna(0).sum()) if reinit is not None else 0.0)
@@ -662,7 +678,8 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
     if failed:
         head += ["**Failed jobs:**", ""] + [f"- {f.get('kind')} k={f.get('k')} m={f.get('m', '')} seed={f.get('seed')}: "
                                             f"{f.get('error')}" for f in failed] + [""]
-    text = ("\n".join(head) + "\n## Claim-by-claim verdict\n\n" + markdown_table(v) + "\n\n" + "\n".join(sections))
+    text = ("\n".join(head) + "\n## Claim-by-claim verdict\n\n" + markdown_table(v) + "\n\n" + "\n".join(sections)
+            + ("\n" + cure_md.read_text() if cure_md.is_file() else ""))
     (out / "results.md").write_text(text)
     v.to_csv(out / "verdicts.csv", index=False)
     return {"summary": summary, "verdicts": v, "markdown": text, "base": base_df, "reinit": reinit}
