@@ -32,29 +32,12 @@ from circuitfade.analysis import (
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.tasks import AssocRecall, AssocRecallConfig, Batch, Task, eval_set
 from circuitfade.tasks.base import IGNORE_INDEX
+from planted import CopyTask, P, V  # tests/planted.py (tests/conftest.py puts tests/ on sys.path)
 
 torch.set_num_threads(1)
 
-V, P = 8, 6  # vocabulary and sequence length of the copy task
 
 
-class CopyTask(Task):
-    """``P`` distinct tokens; the answer at the last position is the token at position ``src``."""
-
-    name = "copy"
-
-    def __init__(self, src: int = 0) -> None:
-        self.src, self.d_vocab, self.n_ctx, self.chance = src, V, P, 1.0 / V
-
-    def sample(self, n: int, generator: torch.Generator) -> Batch:
-        tokens = torch.rand(n, V, generator=generator).argsort(dim=1)[:, :P]
-        targets = torch.full((n, P), IGNORE_INDEX, dtype=torch.long)
-        targets[:, -1] = tokens[:, self.src]
-        mask = torch.zeros(n, P, dtype=torch.bool)
-        mask[:, -1] = True
-        sources = torch.zeros(n, P, P, dtype=torch.bool)
-        sources[:, -1, self.src] = True
-        return Batch(tokens, targets, mask, sources)
 
 
 def zero_params(model) -> None:

@@ -28,6 +28,7 @@ from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.store.series import CheckpointSeries, Snapshot
 from circuitfade.tasks import AssocRecall, AssocRecallConfig, Batch, Task, eval_set
 from circuitfade.tasks.base import IGNORE_INDEX
+from planted import CopyTask, P, V  # tests/planted.py (tests/conftest.py puts tests/ on sys.path)
 
 torch.set_num_threads(1)
 
@@ -146,26 +147,8 @@ def test_random_baseline_when_only_the_circuit_receives_gradient():
 
 
 # ------------------------------------------------------------------- default circuit
-V, P = 8, 6
 
 
-class CopyTask(Task):
-    """``P`` distinct tokens; the answer at the last position is the token at position 0."""
-
-    name = "copy"
-
-    def __init__(self) -> None:
-        self.d_vocab, self.n_ctx, self.chance = V, P, 1.0 / V
-
-    def sample(self, n: int, generator: torch.Generator) -> Batch:
-        tokens = torch.rand(n, V, generator=generator).argsort(dim=1)[:, :P]
-        targets = torch.full((n, P), IGNORE_INDEX, dtype=torch.long)
-        targets[:, -1] = tokens[:, 0]
-        mask = torch.zeros(n, P, dtype=torch.bool)
-        mask[:, -1] = True
-        sources = torch.zeros(n, P, P, dtype=torch.bool)
-        sources[:, -1, 0] = True
-        return Batch(tokens, targets, mask, sources)
 
 
 def copy_model() -> HookedTransformer:

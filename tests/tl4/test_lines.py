@@ -38,6 +38,7 @@ from circuitfade.io import CheckpointError, save_tensors
 from circuitfade.store import attach, load_hf_local, metric, trace
 from circuitfade.tasks import Batch, Task, eval_set
 from circuitfade.tasks.base import IGNORE_INDEX
+from planted import CopyTask, P, V  # tests/planted.py (tests/conftest.py puts tests/ on sys.path)
 
 pytestmark = pytest.mark.tl4
 torch.set_num_threads(1)
@@ -69,26 +70,8 @@ def test_plain_model_is_the_installed_lines_model():
 
 
 # ------------------------------------------------------------------ planted copy circuit
-V, P = 8, 6  # vocabulary and sequence length of the copy task
 
 
-class CopyTask(Task):
-    """``P`` distinct tokens; the answer at the last position is the token at position 0."""
-
-    name = "copy"
-
-    def __init__(self) -> None:
-        self.d_vocab, self.n_ctx, self.chance = V, P, 1.0 / V
-
-    def sample(self, n: int, generator: torch.Generator) -> Batch:
-        tokens = torch.rand(n, V, generator=generator).argsort(dim=1)[:, :P]
-        targets = torch.full((n, P), IGNORE_INDEX, dtype=torch.long)
-        targets[:, -1] = tokens[:, 0]
-        mask = torch.zeros(n, P, dtype=torch.bool)
-        mask[:, -1] = True
-        sources = torch.zeros(n, P, P, dtype=torch.bool)
-        sources[:, -1, 0] = True
-        return Batch(tokens, targets, mask, sources)
 
 
 def copy_circuit():
