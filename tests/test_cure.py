@@ -1,5 +1,6 @@
 """The withheld/cure experiment: the QK re-init path changes exactly the QK slices, the rules on planted outcomes."""
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -83,3 +84,21 @@ def test_damage_reads_a_planted_inert_qk_and_an_unused_head():
     d = cure.damage(run)
     assert d["entropy_gap_parts"] == pytest.approx(0, abs=1e-5) and d["entropy_gap_spares"] == pytest.approx(0, abs=1e-5)
     assert d["base_loss_parts_ablated"] == pytest.approx(d["base_loss"], abs=1e-6)
+
+
+def test_scan_table_has_delay_intervals_and_damage_medians():
+    wdf = pd.DataFrame({"w": [0, 0, 0, 1000, 1000, 1000], "seed": [0, 1, 2, 0, 1, 2],
+                        "status": ["ignited", "ignited", "ignited", "ignited", "censored", "failed"],
+                        "delay": [100.0, 100.0, 100.0, 300.0, None, None]})
+    dmg = pd.DataFrame({"w": [0, 0, 0, 1000, 1000], "seed": [0, 1, 2, 0, 1],
+                        **{c: [1.0, 2.0, 9.0, 4.0, 6.0] for c in cure.DAMAGE_COLUMNS}})
+    t = cure.scan_table(wdf, dmg).set_index("w")
+    assert t.seeds.tolist() == [3, 2] and t.ignited.tolist() == [3, 1]  # the failed job is not a seed
+    assert (t.delay_median[0], t.delay_lo[0], t.delay_hi[0]) == (100.0, 100.0, 100.0)  # constant: no spread
+    assert t.delay_median[1000] == 300.0
+    for c in cure.DAMAGE_COLUMNS:
+        assert t[c].tolist() == [2.0, 5.0]  # medians over seeds
+    fig = cure.cure_figure(t.reset_index(), pd.DataFrame(columns=["w", "arm", "seeds", "ignited"]))
+    assert len(fig.data) == 1 + 1 + 3 and list(fig.data[1].y) == [100.0, 300.0]
+    empty = cure.scan_table(wdf.assign(status="censored", delay=None)).set_index("w")
+    assert empty.ignited.tolist() == [0, 0] and np.isnan(empty.delay_median).all()

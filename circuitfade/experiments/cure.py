@@ -41,7 +41,7 @@ from circuitfade.io import read_json, write_json
 from circuitfade.stats import binomial_exact_interval
 
 __all__ = ["K", "WS", "BUDGET", "CURE_SEEDS", "STUDY_CURE", "withheld_config", "withheld_job", "cure_job",
-           "critical_w", "cure_verdicts", "cure_figure", "run"]
+           "scan_table", "critical_w", "cure_verdicts", "cure_figure", "run"]
 
 K = 3
 WS = (0, 300, 1000, 3000, 10000, 30000)
@@ -200,6 +200,43 @@ def cure_job(spec: Mapping, out: str) -> dict:
             "curve": [steps, accs], "cpu_s": time.process_time() - t0}
 
 
+DAMAGE_COLUMNS = {"base_loss": "base_loss", "base_loss_parts_ablated": "loss_parts_abl",
+                  "base_loss_spares_ablated": "loss_spares_abl", "entropy_gap_parts": "H_gap_parts",
+                  "entropy_gap_spares": "H_gap_spares"}
+"""Damage measures of :func:`damage` shown in the scan table (column -> short name)."""
+
+
+def scan_table(withheld: pd.DataFrame, dmg: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per ``w``: seeds, ignited, median delay of the igniting seeds with a bootstrap 95% interval
+    (``alignment._boot_median``; NaN where none ignited), and the median over seeds of each
+    :data:`DAMAGE_COLUMNS` measure at the switch (``dmg``: rows of :func:`_damage_at_switch`)."""
+    from circuitfade.experiments.alignment import _boot_median
+
+    rows = []
+    for w, g in withheld[withheld.status != "failed"].groupby("w"):
+        med, lo, hi = _boot_median(g.delay.dropna().to_numpy(float))
+        rows.append({"w": int(w), "seeds": int(len(g)), "ignited": int((g.status == "ignited").sum()),
+                     "delay_median": med, "delay_lo": lo, "delay_hi": hi})
+    t = pd.DataFrame(rows)
+    if dmg is not None and len(dmg):
+        d = dmg.groupby("w")[list(DAMAGE_COLUMNS)].median().reset_index()
+        t = t.merge(d, on="w", how="left")
+    return t
+
+
+def _scan_markdown(scan: pd.DataFrame) -> pd.DataFrame:
+    t = scan.rename(columns=DAMAGE_COLUMNS).copy()
+    for c in ("delay_median", "delay_lo", "delay_hi"):
+        t[c] = t[c].round(0)
+    for c in ("base_loss", "loss_parts_abl", "loss_spares_abl"):
+        if c in t:
+            t[c] = [f"{x:.2e}" for x in t[c]]
+    for c in ("H_gap_parts", "H_gap_spares"):
+        if c in t:
+            t[c] = [f"{x:.4f}" for x in t[c]]
+    return t
+
+
 def critical_w(table: pd.DataFrame) -> int | None:
     """Smallest ``w`` (columns ``w, ignited``) at which no seed ignited; ``None`` if every ``w`` has one."""
     none = sorted(int(w) for w, ig in zip(table.w, table.ignited) if int(ig) == 0)
@@ -242,18 +279,47 @@ def cure_verdicts(counts: Mapping[str, tuple[int, int]], w_crit: int | None) -> 
 
 
 def cure_figure(scan: pd.DataFrame, cure: pd.DataFrame) -> go.Figure:
-    """Bars: runs igniting within the budget per withholding length, then per cure arm (columns ``w, arm``)."""
+    """Left: runs igniting within the budget per withholding length, then per cure arm (columns ``w, arm``).
+    Middle (when ``scan`` has ``delay_lo``): median delay with its 95% interval per W. Right (when ``scan``
+    has the damage columns): base loss at the switch intact and with the parts / the spares mean-ablated."""
+    from plotly.subplots import make_subplots
+
     cure = cure[cure.arm != "no re-init"]  # that bar is the scan's own bar at the same W
     labels = [f"W={int(w)}" for w in scan.w] + [f"W={int(w)} + {a}" for w, a in zip(cure.w, cure.arm)]
     ig = list(scan.ignited) + list(cure.ignited)
     n = list(scan.seeds) + list(cure.seeds)
     colors = ["#888"] * len(scan) + ["#1f77b4" if a == "QK re-init" else "#d62728" if a == "OV re-init" else "#555"
                                      for a in cure.arm]
-    fig = go.Figure(go.Bar(x=labels, y=ig, marker_color=colors, text=[f"{a}/{b}" for a, b in zip(ig, n)],
-                           textposition="outside"))
-    fig.update_layout(title=f"Capability ignites within {BUDGET} steps of the switch (K={K})",
-                      yaxis_title="runs ignited", yaxis_range=[0, max(n) + 1], width=720, height=420,
-                      template="plotly_white")
+    has_delay, has_dmg = "delay_lo" in scan, "base_loss_parts_ablated" in scan
+    cols = 1 + has_delay + has_dmg
+    titles = [f"ignited within {BUDGET} steps"] + (["delay after the switch"] if has_delay else []) \
+        + (["base loss at the switch"] if has_dmg else [])
+    fig = make_subplots(rows=1, cols=cols, subplot_titles=titles, horizontal_spacing=0.08,
+                        column_widths=[0.44] + [0.56 / max(cols - 1, 1)] * (cols - 1))
+    fig.add_bar(x=labels, y=ig, marker_color=colors, text=[f"{a}/{b}" for a, b in zip(ig, n)],
+                textposition="outside", showlegend=False, row=1, col=1)
+    fig.update_yaxes(title_text="runs ignited", range=[0, max(n) + 1], row=1, col=1)
+    wl = [f"W={int(w)}" for w in scan.w]
+    col = 2
+    if has_delay:
+        med = scan.delay_median.to_numpy(float)
+        fig.add_scatter(x=wl, y=med, mode="markers", marker={"size": 9, "color": "#555"}, showlegend=False,
+                        text=[f"{a}/{b}" for a, b in zip(scan.ignited, scan.seeds)],
+                        error_y={"type": "data", "symmetric": False, "array": scan.delay_hi - med,
+                                 "arrayminus": med - scan.delay_lo}, row=1, col=col)
+        fig.update_yaxes(title_text="steps, median of igniting seeds (95%)", range=[0, BUDGET], row=1, col=col)
+        col += 1
+    if has_dmg:
+        for c, name, color in (("base_loss", "intact", "#555"), ("base_loss_parts_ablated", "parts mean-ablated",
+                                                                  "#d62728"),
+                               ("base_loss_spares_ablated", "spares mean-ablated", "#1f77b4")):
+            fig.add_scatter(x=wl, y=scan[c].clip(lower=1e-12), mode="lines+markers", name=name,
+                            line={"color": color}, row=1, col=col)
+        fig.update_yaxes(title_text="base cross-entropy (log; 0 at 1e-12)", type="log", row=1,
+                         col=col)
+    fig.update_layout(title=f"Withheld capability (K={K}): ignition, delay and damage at the switch",
+                      width=560 + 420 * (cols - 1), height=480, template="plotly_white",
+                      legend={"orientation": "h", "y": -0.25, "x": 0.6})
     return fig
 
 
@@ -272,12 +338,9 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     wdf = pd.DataFrame([{k: v for k, v in r.items() if k != "curve"} for r in wres])
     wdf.to_csv(out / "cure_withheld_runs.csv", index=False)
     failed = [r for r in wres if r.get("status") == "failed"]
-    scan = (wdf.assign(ok=wdf.status == "ignited").groupby("w")
-            .agg(seeds=("seed", "size"), ignited=("ok", "sum"), delay_median=("delay", "median"),
-                 base_loss_at_switch=("base_loss_at_switch", "mean")).reset_index())
     dmg = pd.DataFrame([_damage_at_switch(r) for r in wres if r.get("status") != "failed"])
     dmg.to_csv(out / "cure_damage.csv", index=False)
-    dmg_t = dmg.groupby("w").agg(**{c: (c, "median") for c in dmg.columns if c not in ("w", "seed", "ignited")})
+    scan = scan_table(wdf, dmg)
     w_crit = critical_w(scan)
     w_cure = w_crit if w_crit is not None else int(max(ws))
     cure_ws = sorted({w_cure} | {int(w) for w in EXTRA_CURE_WS if w in ws})
@@ -314,8 +377,12 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
         f"the parts (0,0..{K - 1}) re-initialised, optimizer state kept. Exact 95% binomial intervals. "
         f"Training CPU {cpu / 60:.1f} core-min; wall {(time.time() - t0) / 60:.1f} min (finished jobs reused); "
         f"{len(failed)} failed jobs.", "",
-        "Withholding scan (delay = ignition step - W; base_loss_at_switch = cross-entropy on base sequences):", "",
-        markdown_table(scan.assign(base_loss_at_switch=[f"{x:.1e}" for x in scan.base_loss_at_switch]).round(1)), "", f"Cure arms (verdicts use W = {w_cure}; other W: {[w for w in cure_ws if w != w_cure] or 'none'}, "
+        "Withholding scan (delay = ignition step - W over the igniting seeds, median with bootstrap 95% interval "
+        "[delay_lo, delay_hi]; damage at the switch, `cure.damage()`, median over the seeds, on 512 base "
+        "sequences: base_loss = cross-entropy intact, loss_parts_abl / loss_spares_abl = with the K parts / the "
+        "spare heads mean-ablated at the query, H_gap_parts / H_gap_spares = attention entropy on the rows "
+        "before the query minus the uniform-causal value, nats; per-seed values in `cure_damage.csv`):", "",
+        markdown_table(_scan_markdown(scan)), "", f"Cure arms (verdicts use W = {w_cure}; other W: {[w for w in cure_ws if w != w_cure] or 'none'}, "
         f"run as a control):", "", markdown_table(arms.round(3)), "",
         markdown_table(v), ""])
     (out / "cure.md").write_text(text)
