@@ -98,3 +98,16 @@ def test_a_run_that_never_ignites_is_censored_and_flat_before_the_switch(tmp_pat
     assert r["status"] == "censored" and r["delay"] is None and r["ignition"] is None
     assert r["flat_before_switch"] and r["pre_switch_max_acc"] < 0.67
     assert r["final_step"] == 50 and r["curve"][0][0] == 30
+
+
+def test_follow_up_rule_and_specs():
+    assert _v(long=(0, 5))[4] == "reproduced"
+    assert _v(long=(3, 5))[4] == "not reproduced"  # most ignite: a slow rate, not a floor
+    assert _v(long=(1, 5))[4] == "partly"
+    assert _v(long=(0, 4))[4] == "partly"  # too few runs to reproduce
+    assert len(_v()) == 4  # no follow-up row unless asked
+    specs = ig.long_specs()
+    assert {(s["share"], s["budget"]) for s in specs} == {(p, ig.LONG_BUDGET) for p in ig.LONG_SHARES}
+    assert len(specs) == len(ig.LONG_SHARES) * ig.LONG_SEEDS
+    short = {alignment.job_key(s) for s in ig.ignition_specs()}
+    assert not short & {alignment.job_key(s) for s in specs}  # the follow-up never overwrites a scan job

@@ -71,7 +71,7 @@ from circuitfade.stats import binomial_exact_interval
 
 __all__ = ["K", "SWITCH", "BUDGET", "SHARE_IN_FIT", "ABOVE_SHARE", "BELOW_SHARE", "SCAN_SHARES", "STUDY_IGNITION",
            "share_to_drive", "floor_share", "budget_share", "predictions", "ignition_config", "ignition_specs",
-           "ignition_job", "share_table", "empirical_floor", "ignition_verdicts", "ignition_figure", "run"]
+           "long_specs", "ignition_job", "share_table", "empirical_floor", "ignition_verdicts", "ignition_figure", "run"]
 
 K = 3
 SWITCH = 1000
@@ -85,6 +85,12 @@ ABOVE_SHARE, ABOVE_SEEDS = 0.5, 10
 BELOW_SHARE, BELOW_SEEDS = 0.005, 12
 SCAN_SHARES, SCAN_SEEDS = (0.002, 0.01, 0.02, 0.05, 0.1, 0.2), 5
 STUDY_IGNITION = {"above": (10, 10), "below": (0, 12)}
+LONG_SHARES, LONG_BUDGET, LONG_SEEDS = (0.02, 0.05), 12000, 5
+"""Follow-up added after the first scan (whose arms, budget and rules are unchanged): no seed ignited
+within 3,000 steps at shares <= 0.05, although the frozen constants predict a 2,576-step delay at 0.05.
+A floor (no ignition at all) and a slow rate look the same within a finite budget, so these shares run
+again with a 4x longer budget (12,000 steps, 4.7x the predicted delay at 0.05); rule in
+:func:`ignition_verdicts` (``long``), fixed before these runs."""
 
 
 # ------------------------------------------------------------------ the prediction (frozen constants)
@@ -144,6 +150,12 @@ def ignition_specs() -> list[dict]:
                 specs.append({"kind": "ignition", "k": K, "seed": s, "share": float(p), "switch": SWITCH,
                               "budget": BUDGET})
     return sorted(specs, key=lambda d: (-d["share"], d["seed"]))
+
+
+def long_specs() -> list[dict]:
+    """The follow-up jobs: :data:`LONG_SHARES` x :data:`LONG_SEEDS` seeds with budget :data:`LONG_BUDGET`."""
+    return [{"kind": "ignition", "k": K, "seed": s, "share": float(p), "switch": SWITCH, "budget": LONG_BUDGET}
+            for p in sorted(LONG_SHARES, reverse=True) for s in range(LONG_SEEDS)]
 
 
 def ignition_job(spec: Mapping, out: str) -> dict:
@@ -216,7 +228,8 @@ def empirical_floor(table: pd.DataFrame) -> tuple[float | None, float | None]:
 def ignition_verdicts(above: tuple[int, int] | None, below: tuple[int, int] | None, *,
                       delay: tuple[float, float, float] | None, predicted_delay: float | None,
                       flat: bool, p_budget: float, p_floor: float,
-                      bracket: tuple[float | None, float | None] | None) -> pd.DataFrame:
+                      bracket: tuple[float | None, float | None] | None,
+                      long: tuple[int, int] | None = None) -> pd.DataFrame:
     """Verdict rows, rules fixed here before any run.
 
     * above (``(ignited, n)``): reproduced if >= n-1 of n >= 5 ignite within the budget; partly if
@@ -228,6 +241,9 @@ def ignition_verdicts(above: tuple[int, int] | None, below: tuple[int, int] | No
     * floor: reproduced if the predicted budget threshold ``p_budget`` lies in the empirical bracket
       ``[s_lo, s_hi]``; partly if within a factor 3 of it (``s_lo / 3 <= p_budget <= 3 s_hi``, a
       missing end counting as unbounded on that side only if the other end is consistent).
+    * long (``(ignited, n)`` at share 0.05 within :data:`LONG_BUDGET` steps): the floor (no ignition at
+      all below it) is reproduced if none of n >= 5 ignites; not reproduced (a slow rate, not a floor)
+      if more than half ignite; partly otherwise. Row only when ``long`` is given.
     """
     rows = []
     add = lambda c, o, s, r, v: rows.append({"claim": c, "ours": o, "study": s, "rule": r, "verdict": v})  # noqa: E731
@@ -280,11 +296,23 @@ def ignition_verdicts(above: tuple[int, int] | None, below: tuple[int, int] | No
         if s_hi is None:  # no share ignited in half its seeds: nothing to locate
             v = "not reproduced"
         add(claim, f"{pred_txt}; empirical threshold in ({fmt(s_lo)}, {fmt(s_hi)}]", "a floor exists", rule, v)
+    if long is not None:
+        k, n = long
+        claim = (f"below the threshold it is blocked, not slow: share {max(LONG_SHARES)} with a {LONG_BUDGET}-step "
+                 f"budget (follow-up)")
+        rule = "reproduced if none of n >= 5 runs ignites; not reproduced if more than half ignite; partly otherwise"
+        if n == 0:
+            add(claim, "—", "never below the floor", rule, "not run")
+        else:
+            lo, hi = binomial_exact_interval(k, n)
+            v = "reproduced" if (n >= 5 and k == 0) else ("not reproduced" if k > n / 2 else "partly")
+            add(claim, f"{k}/{n} [{lo:.2f}, {hi:.2f}]", "never below the floor", rule, v)
     return pd.DataFrame(rows)
 
 
 # ------------------------------------------------------------------ the figure
-def ignition_figure(table: pd.DataFrame, constants: Mapping, *, budget: int = BUDGET) -> go.Figure:
+def ignition_figure(table: pd.DataFrame, constants: Mapping, *, budget: int = BUDGET,
+                    long_table: pd.DataFrame | None = None) -> go.Figure:
     """Left: fraction igniting within the budget vs share (exact 95%), predicted threshold marked.
     Right: delay after the switch vs share (median of igniting runs, bootstrap 95%), predicted curve."""
     from plotly.subplots import make_subplots
@@ -311,13 +339,27 @@ def ignition_figure(table: pd.DataFrame, constants: Mapping, *, budget: int = BU
                     name="measured median delay (bootstrap 95%)",
                     error_y={"type": "data", "symmetric": False, "array": d.delay_hi - d.delay_median,
                              "arrayminus": d.delay_median - d.delay_lo}, row=1, col=2)
-    fig.add_scatter(x=grid, y=w, mode="lines", line={"dash": "dash", "color": "black"}, showlegend=False,
-                    row=1, col=2)
+    fig.add_scatter(x=grid, y=w, mode="lines", line={"dash": "dash", "color": "#444", "width": 1},
+                    name="predicted delay (frozen constants)", row=1, col=2)
+    if long_table is not None and len(long_table):
+        lt = long_table.sort_values("share")
+        lf = lt.ignited / lt.seeds
+        fig.add_scatter(x=lt.share, y=lf, mode="markers", marker={"size": 11, "symbol": "diamond-open",
+                                                                   "color": "#2ca02c"},
+                        name=f"follow-up: budget {LONG_BUDGET} (exact 95%)",
+                        error_y={"type": "data", "symmetric": False, "array": lt.frac_hi - lf,
+                                 "arrayminus": lf - lt.frac_lo}, row=1, col=1)
+        ld = lt[np.isfinite(lt.delay_median)]
+        if len(ld):
+            fig.add_scatter(x=ld.share, y=ld.delay_median, mode="markers", showlegend=False,
+                            marker={"size": 11, "symbol": "diamond-open", "color": "#2ca02c"},
+                            error_y={"type": "data", "symmetric": False, "array": ld.delay_hi - ld.delay_median,
+                                     "arrayminus": ld.delay_median - ld.delay_lo}, row=1, col=2)
     fig.add_scatter(x=[grid[0], grid[-1]], y=[budget, budget], mode="lines", line={"color": "gray"},
-                    name="budget", row=1, col=2)
+                    name=f"budget ({budget} steps)", row=1, col=2)
     fig.update_xaxes(type="log", title_text="capability share after the switch")
     fig.update_yaxes(title_text="fraction of seeds", range=[-0.05, 1.1], row=1, col=1)
-    fig.update_yaxes(title_text="steps after the switch (log)", type="log", row=1, col=2)
+    fig.update_yaxes(title_text="steps after the switch (log)", type="log", range=[2, 4.8], row=1, col=2)
     fig.update_layout(title=f"Ignition at a chosen step (K={K}; base only for {SWITCH} steps, then the share; "
                       f"rate-zero floor predicted at {floor_share(constants):.1e})", width=1150, height=480,
                       template="plotly_white", legend={"orientation": "h", "y": -0.2})
@@ -361,12 +403,24 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     delay = _boot_median(ga.delay.dropna().to_numpy(float))
     flat = bool(ok.flat_before_switch.all()) if len(ok) else False
     bracket = empirical_floor(table) if len(table) else None
+    lres = _run_jobs("ignition", long_specs(), out, workers, progress)  # the follow-up (LONG_SHARES)
+    failed += [r for r in lres if r.get("status") == "failed"]
+    lruns = pd.DataFrame([{k: v for k, v in r.items() if k != "curve"} for r in lres])
+    lok = lruns[lruns.status != "failed"]
+    ltable = share_table(lruns, c)
+    lg = lok[lok.share == max(LONG_SHARES)]
+    long = (int((lg.status == "ignited").sum()), int(len(lg)))
+    runs = pd.concat([runs, lruns], ignore_index=True)
+    runs.to_csv(out / "ignition_runs.csv", index=False)
+    # consistency: a long run is the same run as its short twin for the first BUDGET steps
+    twins = ok.merge(lok, on=["share", "seed"], suffixes=("", "_long"))
+    agree = int(((twins.status == "ignited") == (twins.delay_long.fillna(np.inf) <= BUDGET)).sum())
     v = ignition_verdicts(above, below, delay=delay, predicted_delay=float(pred.set_index("share")
                                                                            .predicted_delay[ABOVE_SHARE]),
-                          flat=flat, p_budget=p_budget, p_floor=p_floor, bracket=bracket)
+                          flat=flat, p_budget=p_budget, p_floor=p_floor, bracket=bracket, long=long)
     v.to_csv(out / "ignition_verdicts.csv", index=False)
     if len(table):
-        _save(ignition_figure(table, c), out / "fig_ignition", png=png)
+        _save(ignition_figure(table, c, long_table=ltable), out / "fig_ignition", png=png)
     cpu = float(runs.cpu_s.fillna(0).sum()) if "cpu_s" in runs else 0.0
     shown = table[["share", "drive", "seeds", "ignited", "frac_lo", "frac_hi", "delay_median", "delay_lo",
                    "delay_hi", "predicted_delay", "predicted_ignites", "p_ignite_if_exponential"]] if len(table) else table
@@ -386,7 +440,13 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
         "with bootstrap 95% interval; predicted_delay = `predict_wait(K, p)`):", "",
         markdown_table(shown.round(4)) if len(shown) else "(no runs)", "",
         f"Empirical threshold bracket (smallest share with >= half the seeds igniting there and above): "
-        f"{bracket}.", "", markdown_table(v), ""]
+        + ("none" if bracket is None else "(" + ", ".join("—" if x is None else f"{x:g}" for x in bracket) + "]")
+        + ".", "",
+        f"Follow-up (added after the scan above; see `LONG_SHARES`): shares {list(LONG_SHARES)}, seeds "
+        f"0-{LONG_SEEDS - 1}, budget {LONG_BUDGET} steps after the switch. Each is the same run as its "
+        f"{BUDGET}-step twin up to the first budget ({agree}/{len(twins)} agree on igniting within {BUDGET}):", "",
+        markdown_table(ltable[shown.columns].round(4)) if len(ltable) else "(no runs)", "",
+        markdown_table(v), ""]
         + ([f"**Failed jobs:** " + "; ".join(f"share {f.get('share')} seed {f.get('seed')}: {f.get('error')}"
                                              for f in failed), ""] if failed else []))
     (out / "ignition.md").write_text(text)
