@@ -192,3 +192,17 @@ def test_frozen_predictor_round_trip_and_tamper_check(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="hash mismatch"):
         P.load_predictor(path)
+
+
+def test_precursor_job_logs_every_evaluation_and_reports_censoring(tmp_path):
+    from circuitfade.experiments.alignment import EXPERIMENTS, _worker
+
+    assert "precursor" in EXPERIMENTS
+    spec = {"kind": "precursor", "k": P.K, "seed": 0, "drive": 1.0, "every": P.EVERY, "cap": 20}
+    res = _worker("precursor", spec, str(tmp_path))  # through alignment's job dispatch
+    assert res["status"] == "censored" and res["ignition"] is None and res["final_step"] == 20
+    c = res["curves"]
+    assert c["step"] == [0, 5, 10, 15, 20]
+    assert set(P.MEASURES) <= set(c) and all(len(c[m]) == 5 for m in P.MEASURES)
+    assert all(a == pytest.approx(1.0, abs=1e-9) for a in c["source_attention_min"])  # pinned read-out
+    assert all(0 <= v <= 1 for v in c["hidden_target"])

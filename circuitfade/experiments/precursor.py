@@ -211,7 +211,7 @@ def precursor_figure(runs: pd.DataFrame, curves: Mapping, level: float) -> go.Fi
     for r in runs[runs.status == "ignited"].itertuples():
         c = curves[r.key]
         s = np.asarray(c["step"], dtype=float)
-        y = np.clip(np.asarray(c[PRECURSOR], dtype=float), 1e-9, None)
+        y = np.clip(np.asarray(c[PRECURSOR], dtype=float), 1e-8, None)
         first = r.split not in shown
         shown.add(r.split)
         fig.add_trace(go.Scatter(x=s - r.ignition, y=y, mode="lines", line=dict(color=colors[r.split], width=1),
@@ -235,6 +235,28 @@ def precursor_figure(runs: pd.DataFrame, curves: Mapping, level: float) -> go.Fi
     fig.update_yaxes(title_text="predicted ignition step", range=[0, hi], row=1, col=2)
     fig.update_layout(width=1150, height=480, template="plotly_white", legend=dict(x=1.02, y=1))
     return fig
+
+
+def sensitivity(held: pd.DataFrame, curves: Mapping, scan: list) -> pd.DataFrame:
+    """Held-out errors at every scanned level with that level's fitted lead (a reading aid, after the verdict)."""
+    rows = []
+    for sc in scan:
+        if sc["lead"] is None:
+            rows.append({"level": sc["level"], "n": len(held), "median_rel_error": float("nan"),
+                         "median_lead_fraction": float("nan"), "median_rel_error_remaining": float("nan")})
+            continue
+        c = {"level": sc["level"], "lead": sc["lead"], "window": WINDOW}
+        pt = [predict_crossing(curves[k]["step"], curves[k][PRECURSOR], c, drive=d, flat_until=i)
+              for k, d, i in zip(held.key, held.drive, held.ignition)]
+        pred, tc = np.array([p for p, _ in pt]), np.array([t for _, t in pt])
+        ig = held.ignition.to_numpy(float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rem = np.where(np.isnan(pred), np.inf, np.abs(pred - ig) / (ig - tc))
+        rows.append({"level": sc["level"], "n": len(held),
+                     "median_rel_error": float(np.median(relative_errors(pred, ig))),
+                     "median_lead_fraction": float(np.nanmedian((ig - tc) / ig)),
+                     "median_rel_error_remaining": float(np.median(rem))})
+    return pd.DataFrame(rows)
 
 
 # ------------------------------------------------------------------ the protocol
@@ -272,6 +294,7 @@ def run(*, out: str | Path, workers: int = 1, progress: bool = True, png: bool =
     for col, name in (("pred", "rel_error"), ("pred_median", "rel_error_median"), ("pred_drive", "rel_error_drive")):
         ok[name] = relative_errors(ok[col].to_numpy(float), ok.ignition.to_numpy(float))
     ok["lead_fraction"] = (ok.ignition - ok.t_cross) / ok.ignition  # how early the date is given
+    ok["rel_error_remaining"] = (ok.pred - ok.ignition).abs() / (ok.ignition - ok.t_cross)  # error / time still to go
 
     def at_cross(key, t, col):
         cv = curves[key]
@@ -280,7 +303,7 @@ def run(*, out: str | Path, workers: int = 1, progress: bool = True, png: bool =
     ok["acc_at_cross"] = [at_cross(k, t, "acc") for k, t in zip(ok.key, ok.t_cross)]
     ok["loss_gap_at_cross"] = [at_cross(k, t, "loss_gap") for k, t in zip(ok.key, ok.t_cross)]
     runs = runs.merge(ok[["key", "t_cross", "pred", "pred_median", "pred_drive", "rel_error", "rel_error_median",
-                          "rel_error_drive", "lead_fraction", "acc_at_cross", "loss_gap_at_cross"]], on="key", how="left")
+                          "rel_error_drive", "lead_fraction", "rel_error_remaining", "acc_at_cross", "loss_gap_at_cross"]], on="key", how="left")
     runs.to_csv(out / "precursor_runs.csv", index=False)
     held = ok[ok.split == "held-out"]
     err = median_interval(held.rel_error.to_numpy(float)) if len(held) else None
@@ -292,8 +315,11 @@ def run(*, out: str | Path, workers: int = 1, progress: bool = True, png: bool =
     att0 = [curves[k]["source_attention_min"][0] for k in ok.key]
     cpu = float(runs.cpu_s.fillna(0).sum()) if "cpu_s" in runs else 0.0
     scan = pd.DataFrame(const["scan"])
+    sens = sensitivity(ok[ok.split == "held-out"], curves, const["scan"])
+    sens.to_csv(out / "precursor_levels.csv", index=False)
+    fmt = lambda df: df.assign(level=[f"{x:g}" for x in df.level])  # noqa: E731
     cols = ["split", "seed", "drive", "ignition", "t_cross", "pred", "rel_error", "pred_median", "rel_error_median",
-            "pred_drive", "rel_error_drive", "lead_fraction", "acc_at_cross", "loss_gap_at_cross"]
+            "pred_drive", "rel_error_drive", "lead_fraction", "rel_error_remaining", "acc_at_cross", "loss_gap_at_cross"]
     by_split = ok.groupby("split").agg(runs=("key", "size"), rel_error=("rel_error", "median"),
                                        rel_error_median=("rel_error_median", "median"),
                                        rel_error_drive=("rel_error_drive", "median"),
@@ -310,7 +336,11 @@ def run(*, out: str | Path, workers: int = 1, progress: bool = True, png: bool =
         f"Training CPU {cpu / 60:.1f} core-min; wall {(time.time() - t0) / 60:.1f} min (finished jobs reused).", "",
         "Held-out median relative error: " + ("—" if err is None else
                                               f"{err[0]:.1%} [{err[1]:.1%}, {err[2]:.1%}] (bootstrap 95% over runs)"),
-        "", markdown_table(by_split.round(3)), "", "Level scan on the fit runs:", "", markdown_table(scan.round(4)), "",
+        "", markdown_table(by_split.round(3)), "", "Level scan on the fit runs (the level with the smallest fit error is frozen):", "",
+        markdown_table(fmt(scan).round(4)), "",
+        "After the frozen result, for the reader (not used for the verdict): the held-out runs at every scanned level "
+        "with that level's fitted lead; lower levels date the arrival earlier and less precisely "
+        "(rel_error_remaining = |pred - actual| / (actual - t_c)).", "", markdown_table(fmt(sens).round(3)), "",
         "Runs:", "", markdown_table(ok[cols].sort_values(["split", "seed", "drive"]).round(3)), "",
         markdown_table(v), ""])
     (out / "precursor.md").write_text(text)
