@@ -278,7 +278,7 @@ def run(*, out: str | Path, workers: int = 1, progress: bool = True, png: bool =
     runs = pd.DataFrame([{**{k: v for k, v in r.items() if k != "curves"}, "key": job_key(s),
                           "split": "fit" if s["seed"] in FIT_SEEDS else "held-out"} for s, r in zip(specs, res)])
     pd.concat([pd.DataFrame(c).assign(key=k) for k, c in curves.items()], ignore_index=True).to_csv(
-        out / "precursor_curves.csv", index=False)
+        out / "precursor_curves.csv", index=False, float_format="%.5g")
     ok = runs[runs.status == "ignited"].copy()
     fit, held = ok[ok.split == "fit"], ok[ok.split == "held-out"]
     const = fit_crossing([(curves[k]["step"], curves[k][PRECURSOR]) for k in fit.key], fit.ignition.to_numpy(float),
