@@ -58,7 +58,7 @@ from circuitfade.train.surgery import reinit_heads
 __all__ = ["EXPERIMENTS", "STUDY", "TASK", "base_config", "job_key", "base_job", "reinit_job", "fit_rate",
            "predict_wait", "freeze_constants", "load_constants", "run", "verdicts", "main"]
 
-EXPERIMENTS = ("ablation", "waiting", "rate", "cure")  # cure: circuitfade.experiments.cure
+EXPERIMENTS = ("ablation", "waiting", "rate", "cure", "precursor")  # cure, precursor: circuitfade.experiments.*
 
 # ------------------------------------------------------------------ the apparatus, fixed
 V, N_DISTRACTORS = 3, 1
@@ -213,6 +213,8 @@ def _worker(kind: str, spec: dict, out: str) -> dict:
         from circuitfade.experiments import cure as _cure
 
         fn = _cure.withheld_job if kind == "withheld" else _cure.cure_job
+    elif kind == "precursor":
+        from circuitfade.experiments.precursor import precursor_job as fn
     else:
         fn = base_job if kind == "base" else reinit_job
     try:
@@ -559,6 +561,14 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         if not names:
             return {"summary": {}, "verdicts": cure_res["verdicts"], "markdown": cure_res["markdown"],
                     "cure": cure_res}
+    if "precursor" in names:  # its own runs (K = 4, 12 seeds x 3 drives); its verdict row joins the table below
+        from circuitfade.experiments.precursor import run as run_precursor
+
+        prec_res = run_precursor(out=out, workers=1, progress=progress, png=png)
+        names = [n for n in names if n != "precursor"]
+        if not names:
+            return {"summary": {}, "verdicts": prec_res["verdicts"], "markdown": prec_res["markdown"],
+                    "precursor": prec_res}
     S = list(range(seeds))
     base_specs = [{"kind": "base", "k": k, "seed": s} for k in KS for s in S]
     base = _run_jobs("base", base_specs, out, workers, progress)
@@ -658,9 +668,9 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
                                 + markdown_table(t[["k", "m", "drive", "held_out", "wait_median", "predicted",
                                                     "rel_error"]].round(3)) + "\n")
     v = verdicts(summary)
-    cure_md = out / "cure.md"
-    if (out / "cure_verdicts.csv").is_file():  # the cure's rows (from this or an earlier `cure` call)
-        v = pd.concat([v, pd.read_csv(out / "cure_verdicts.csv")], ignore_index=True)
+    for extra in ("cure", "precursor"):  # their rows (from this or an earlier call)
+        if (out / f"{extra}_verdicts.csv").is_file():
+            v = pd.concat([v, pd.read_csv(out / f"{extra}_verdicts.csv")], ignore_index=True)
     for name, fig in figs:
         _save(fig, out / f"fig_{name}", png=png)
     cpu = sum(float(b.get("cpu_s", 0)) for b in base) + (float(reinit.cpu_s.fillna(0).sum()) if reinit is not None else 0.0)
@@ -679,7 +689,7 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         head += ["**Failed jobs:**", ""] + [f"- {f.get('kind')} k={f.get('k')} m={f.get('m', '')} seed={f.get('seed')}: "
                                             f"{f.get('error')}" for f in failed] + [""]
     text = ("\n".join(head) + "\n## Claim-by-claim verdict\n\n" + markdown_table(v) + "\n\n" + "\n".join(sections)
-            + ("\n" + cure_md.read_text() if cure_md.is_file() else ""))
+            + "".join("\n" + (out / f"{x}.md").read_text() for x in ("cure", "precursor") if (out / f"{x}.md").is_file()))
     (out / "results.md").write_text(text)
     v.to_csv(out / "verdicts.csv", index=False)
     return {"summary": summary, "verdicts": v, "markdown": text, "base": base_df, "reinit": reinit}
