@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
 import pytest
 
 import circuitfade.experiments.paper as P
@@ -43,7 +46,8 @@ def test_experiments_share_runs():
 @pytest.mark.slow
 def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(P, "QUICK", TINY)
-    rc = main(["reproduce", "controls", "--seeds", "1", "--quick", "--executor", "serial", "--out", str(tmp_path)])
+    rc = main(["reproduce", "controls", "--seeds", "1", "--quick", "--executor", "serial", "--out", str(tmp_path),
+               "--large-seeds", "0"])
     assert rc == 0
     md = (tmp_path / "results.md").read_text()
     assert "QUICK MODE" in md and "Causal controls" in md and "Claim-by-claim verdict" in md
@@ -57,7 +61,8 @@ def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
     assert "not testable" in verdict_rows and "| not reproduced |" not in verdict_rows
     assert (tmp_path / "table_controls.csv").is_file() and (tmp_path / "report.html").is_file()
     # results.md exists now: it is replaced only with --force
-    again = ["reproduce", "controls", "--seeds", "1", "--quick", "--tables-only", "--out", str(tmp_path)]
+    again = ["reproduce", "controls", "--seeds", "1", "--quick", "--tables-only", "--out", str(tmp_path),
+             "--large-seeds", "0"]
     assert main(again) == 2 and "--force" in capsys.readouterr().err
     # tables-only re-run trains nothing and reports the same runs as reused
     rc = main(again + ["--force"])
@@ -82,6 +87,44 @@ def test_verdicts_compare_intervals_and_report_untestable_claims():
     three = P.Measure.of([0.7, 0.8, 0.9])
     assert (three.mean, three.n) == (pytest.approx(0.8), 3) and three.lo < 0.7 and three.hi == 1.0  # clipped
     assert "[" in str(three) and "sd 0.100" in str(three)
+
+
+def test_large_controls_configs_and_verdict_column():
+    """Table 2 on the large model: the same paths (posthoc a child of the large unforced run) at
+    min(large_seeds, base seeds) seeds; the verdicts grade Tables 1-2's claims again on the large
+    model, by the same rules, from planted final accuracies."""
+    from circuitfade.experiments import reproduce as R
+    from circuitfade.train.sweep import run_dir_for
+
+    base = P.controls_configs([0, 1, 2], "r", P.FULL)
+    with_large = P.controls_configs([0, 1, 2], "r", P.FULL, large_seeds=5)
+    large = [c for c in with_large if c.model]
+    assert with_large[: len(base)] == base and len(large) == 6 * 3  # capped at the 3 base seeds
+    assert all(c.model == P.LARGE for c in large) and {c.seed for c in large} == {0, 1, 2}
+    ph = [c for c in large if c.parent]
+    assert len(ph) == 3 and all(run_dir_for("r", P.run("unforced", c.seed, P.FULL, model=P.LARGE)).name == Path(c.parent["run"]).name
+                                for c in ph)
+    assert {c.seed for c in P.paths_configs([0, 1, 2], "r", P.FULL, 5) if c.model} == {0, 1, 2, 3, 4}
+
+    # planted finals: base fade 0.75 = forced_zero 0.75 (no margin); large fade ~0.75 vs forced_zero ~0.10
+    rows = []
+    fade = P.FULL.fade()
+    plant = {(fade, False): 0.75, ("forced_zero", False): 0.75, (fade, True): 0.75, ("forced_zero", True): 0.10}
+    for (path, is_large), acc in plant.items():
+        for s in range(3):
+            c = P.run(path, s, P.FULL, model=P.LARGE if is_large else None)
+            a = acc + 0.01 * (s - 1)
+            rows.append({"run": run_dir_for("r", c).name, "status": "done", "acc_zero": a, "acc_normal": a,
+                         "acc_param": a, "acc_half": a})
+    v = R.verdicts(pd.DataFrame(rows), "r", P.FULL, [0, 1, 2], None, large_seeds=[0, 1, 2])
+    keeps = v[v.claim == "fade600->0 keeps zero-gate accuracy"].iloc[0]
+    assert keeps["verdict"] == "partly" and keeps[R.LARGE_VERDICT] == "reproduced"
+    assert keeps[R.LARGE_VALUE].startswith("0.750 [") and "+0.650 [" in keeps[R.LARGE_VALUE]
+    fails = v[v.claim == "forced_zero fails"].iloc[0]
+    assert fails["verdict"] == "not reproduced" and fails[R.LARGE_VERDICT] == "reproduced"
+    assert v[v.claim == "Markov induction replicates the pattern"].iloc[0][R.LARGE_VERDICT] == "not run"
+    assert list(R.verdicts(pd.DataFrame(rows), "r", P.FULL, [0, 1, 2], None).columns) == [
+        "claim", "statistic", "ours (95% interval)", "rule", "verdict"]  # no large seeds: no large columns
 
 
 def test_unknown_experiment_is_an_error(tmp_path, capsys):

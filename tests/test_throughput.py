@@ -286,3 +286,43 @@ def test_trainer_uses_fused_adamw_and_old_checkpoints_resume_with_their_own_opti
     tensors, meta = _optimizer_to_tensors(old)
     _optimizer_from_tensors(run.optimizer, tensors, meta)
     assert run.optimizer.param_groups[0]["fused"] is None
+
+
+def test_clip_grad_norm_is_torchs_bit_for_bit():
+    """The trainer's clip returns the same norm and leaves the same gradients as torch's
+    foreach clip, clipping (large gradients) and not clipping (small ones)."""
+    from circuitfade.train.optim import clip_grad_norm
+
+    g = torch.Generator().manual_seed(0)
+    for scale in (10.0, 1e-3):
+        a = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in ((3, 5), (7,), (2, 2, 4))]
+        b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+        for pa, pb in zip(a, b):
+            pa.grad = torch.randn(pa.shape, generator=g) * scale
+            pb.grad = pa.grad.clone()
+        a.append(torch.nn.Parameter(torch.zeros(2)))  # no gradient: skipped by both
+        b.append(torch.nn.Parameter(torch.zeros(2)))
+        ours, theirs = clip_grad_norm(a, 1.0), torch.nn.utils.clip_grad_norm_(b, 1.0, foreach=True)
+        assert torch.equal(ours, theirs)
+        assert all(torch.equal(pa.grad, pb.grad) for pa, pb in zip(a[:3], b[:3]))
+        total = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in a[:3]])))
+        assert (total <= 1.0 + 1e-5) if scale == 10.0 else (total < 1.0 and float(ours) == pytest.approx(total))
+
+
+def test_gate_buffers_follow_the_schedule_when_unchanged_values_are_not_rewritten():
+    """Gates are rewritten only when the scheduled value changes; the buffers still hold the
+    path's value at every step (planted: fade4+3->0 is 0.5 to step 4, then 1/3, 1/6, 0)."""
+    from circuitfade.model import SoftPriorTransformer
+    from circuitfade.train.loop import RunConfig, TrainConfig, _set_gates_for_step
+
+    cfg = RunConfig(path="fade4+3->0", task={"name": "assoc"}, model={}, train=TrainConfig(steps=12), seed=0)
+    model = SoftPriorTransformer(cfg.model_config())
+    path, last, writes = cfg.gate_path(), None, []
+    orig = model.set_gate_values
+    model.set_gate_values = lambda **kw: (writes.append(kw), orig(**kw))[1]
+    for step in range(12):
+        last = _set_gates_for_step(model, path, step, last)
+        expect = 0.5 if step <= 4 else max(0.0, 0.5 * (1 - (step - 4) / 3))
+        assert last == pytest.approx(expect)
+        assert all(torch.allclose(g, torch.full_like(g, expect)) for g in model.gate_values("effective").values())
+    assert len(writes) == 4  # 0.5 once, then 1/3, 1/6, 0 and nothing after

@@ -46,9 +46,10 @@ def test_gate_follows_schedule_each_step(monkeypatch):
     seen = []
     orig = training._set_gates_for_step
 
-    def spy(model, path, step):
-        orig(model, path, step)
+    def spy(model, path, step, last=None):
+        v = orig(model, path, step, last)
         seen.append((step, float(model.gate_values()["pos"].mean())))
+        return v
 
     monkeypatch.setattr(training, "_set_gates_for_step", spy)
     train(cfg(steps=20, eval_every=100), None, progress=False)

@@ -298,10 +298,10 @@ def test_tables_only_rebuilds_from_the_recorded_csv(tmp_path):
     from circuitfade.experiments.reproduce import reproduce
 
     shutil.copy(Path(__file__).resolve().parents[1] / "results" / "results_runs.csv", tmp_path / "results_runs.csv")
-    res = reproduce(["controls"], seeds=3, out=tmp_path, train=False, progress=False)
+    res = reproduce(["controls"], seeds=3, out=tmp_path, train=False, progress=False, large_seeds=0)
     md = res["markdown"]
     assert "18 from the recorded results_runs.csv (folders gone), 0 not trained" in md
-    assert "| fade600->0 | 0.783 [0.697, 0.868] (n=3, sd 0.034) |" in md
+    assert "| base L=2 d=64 | fade600->0 | 0.783 [0.697, 0.868] (n=3, sd 0.034) |" in md
     assert "eval: 512 examples, seed 1000003" in md
     v = res["tables"]["verdicts"].set_index("claim")["verdict"]
     assert v["forced_zero fails"] == "not reproduced" and v["hard switch at 1050 falls short"] == "inconclusive"

@@ -58,7 +58,9 @@ from circuitfade.train.surgery import reinit_heads
 __all__ = ["EXPERIMENTS", "STUDY", "TASK", "base_config", "job_key", "base_job", "reinit_job", "fit_rate",
            "predict_wait", "freeze_constants", "load_constants", "run", "verdicts", "main"]
 
-EXPERIMENTS = ("ablation", "waiting", "rate", "cure", "ignition")  # cure, ignition: their own modules
+EXPERIMENTS = ("ablation", "waiting", "rate", "cure", "precursor", "ignition")  # the last three: circuitfade.experiments.*
+SUB_EXPERIMENTS = ("cure", "precursor", "ignition")
+"""Experiments with their own module, runs and verdict rows (joined to the table of ``run``)."""
 
 # ------------------------------------------------------------------ the apparatus, fixed
 V, N_DISTRACTORS = 3, 1
@@ -215,6 +217,8 @@ def _worker(kind: str, spec: dict, out: str) -> dict:
         fn = _cure.withheld_job if kind == "withheld" else _cure.cure_job
     elif kind == "ignition":
         from circuitfade.experiments.ignition import ignition_job as fn
+    elif kind == "precursor":
+        from circuitfade.experiments.precursor import precursor_job as fn
     else:
         fn = base_job if kind == "base" else reinit_job
     try:
@@ -554,10 +558,14 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     sub = {}
-    for name in ("cure", "ignition"):  # their own runs (K = 3); their verdict rows join the table below
+    for name in SUB_EXPERIMENTS:  # their own runs; their verdict rows join the table below
         if name in names:
             if name == "cure":
                 from circuitfade.experiments.cure import run as run_sub
+            elif name == "precursor":  # K = 4, 12 seeds x 3 drives; one worker
+                from circuitfade.experiments.precursor import run as _run_precursor
+
+                run_sub = lambda **kw: _run_precursor(**{**kw, "workers": 1})  # noqa: E731
             else:
                 from circuitfade.experiments.ignition import run as run_sub
             sub[name] = run_sub(out=out, workers=workers, progress=progress, png=png)
@@ -664,8 +672,8 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
                                 + markdown_table(t[["k", "m", "drive", "held_out", "wait_median", "predicted",
                                                     "rel_error"]].round(3)) + "\n")
     v = verdicts(summary)
-    extra_md = [out / f"{n}.md" for n in ("cure", "ignition") if (out / f"{n}.md").is_file()]
-    for n in ("cure", "ignition"):  # their rows (from this or an earlier `cure` / `ignition` call)
+    extra_md = [out / f"{n}.md" for n in SUB_EXPERIMENTS if (out / f"{n}.md").is_file()]
+    for n in SUB_EXPERIMENTS:  # their rows (from this or an earlier call)
         if (out / f"{n}_verdicts.csv").is_file():
             v = pd.concat([v, pd.read_csv(out / f"{n}_verdicts.csv")], ignore_index=True)
     for name, fig in figs:

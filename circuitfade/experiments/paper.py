@@ -131,20 +131,29 @@ def run(path: str, seed: int, b: Budget, task: dict | None = None, model: dict |
 # ----------------------------------------------------------------------------------------------
 def paths_configs(seeds, root, b: Budget, large_seeds: int | None = None) -> list[RunConfig]:
     cfgs = [run(p, s, b) for p in _main_paths(b) for s in seeds]
-    ls = list(seeds)[: (large_seeds if large_seeds is not None else len(seeds))]
-    cfgs += [run(p, s, b, model=LARGE) for p in _main_paths(b) for s in ls]
+    cfgs += [run(p, s, b, model=LARGE) for p in _main_paths(b) for s in _large_seeds(seeds, large_seeds)]
     return cfgs
 
 
-def posthoc_config(root, seed: int, b: Budget) -> RunConfig:
-    parent = run("unforced", seed, b)
+def posthoc_config(root, seed: int, b: Budget, model: dict | None = None) -> RunConfig:
+    parent = run("unforced", seed, b, model=model)
     extra = b.s(2550)
     return child_of(root, parent, b.steps, path=f"posthoc{extra}", steps=b.steps + extra)
 
 
-def controls_configs(seeds, root, b: Budget) -> list[RunConfig]:
+def _large_seeds(seeds, large_seeds: int | None) -> list[int]:
+    """Seeds ``0..large_seeds-1`` of the large-model rows (``None``: the base rows' seeds)."""
+    return list(seeds) if large_seeds is None else list(range(large_seeds))
+
+
+def controls_configs(seeds, root, b: Budget, large_seeds: int | None = 0) -> list[RunConfig]:
+    """Table 2's paths on the base model at ``seeds`` and on the large model at seeds
+    ``0..min(large_seeds, len(seeds))-1`` (``None``: the base seeds; default 0: none)."""
     paths = [b.fade(), b.switch(1050), b.switch(600), "unforced", "forced_zero"]
-    return [run(p, s, b) for p in paths for s in seeds] + [posthoc_config(root, s, b) for s in seeds]
+    ls = _large_seeds(seeds, large_seeds)[: len(list(seeds))]  # never more large than base seeds
+    return ([run(p, s, b) for p in paths for s in seeds] + [posthoc_config(root, s, b) for s in seeds]
+            + [run(p, s, b, model=LARGE) for p in paths for s in ls]
+            + [posthoc_config(root, s, b, model=LARGE) for s in ls])
 
 
 def fade_window_configs(seeds, root, b: Budget) -> list[RunConfig]:
@@ -301,26 +310,28 @@ def _paper(b: Budget, table):
     return table if b.label == "full" else None
 
 
-def paths_table(results, root, b: Budget, seeds, large_seeds=None):
-    cfgs = paths_configs(seeds, root, b, large_seeds)
-    sub = _results_for(results, root, cfgs)
-    base = sub[sub.config.map(lambda c: not c.model)]
-    large = sub[sub.config.map(lambda c: bool(c.model))]
+def _by_model(sub: pd.DataFrame, b: Budget, paper_base, paper_large) -> pd.DataFrame:
+    """One block of rows per model (base, then large), with a ``model`` column."""
     lab = _label_path(b)
-    t_base = _acc_rows(base, lab, _paper(b, PAPER_T1_BASE))
-    t_large = _acc_rows(large, lab, _paper(b, PAPER_T1_LARGE))
     parts = []
-    for t, name in ((t_base, "base L=2 d=64"), (t_large, "large L=4 d=128")):
+    for name, is_large, paper in (("base L=2 d=64", False, paper_base), ("large L=4 d=128", True, paper_large)):
+        t = _acc_rows(sub[sub.config.map(lambda c: bool(c.model) == is_large)], lab, _paper(b, paper))
         if len(t):
             t.insert(0, "model", name)
             parts.append(t)
-    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def paths_table(results, root, b: Budget, seeds, large_seeds=None):
+    df = _by_model(_results_for(results, root, paths_configs(seeds, root, b, large_seeds)), b,
+                   PAPER_T1_BASE, PAPER_T1_LARGE)
     return df, md_table(df)
 
 
-def controls_table(results, root, b: Budget, seeds):
-    sub = _results_for(results, root, controls_configs(seeds, root, b))
-    df = _acc_rows(sub, _label_path(b), _paper(b, PAPER_T2))
+def controls_table(results, root, b: Budget, seeds, large_seeds: int | None = 0):
+    """Table 2; the large-model block (no published numbers: the paper ran its controls on the
+    base model only) appears when ``large_seeds`` selects any seed."""
+    df = _by_model(_results_for(results, root, controls_configs(seeds, root, b, large_seeds)), b, PAPER_T2, {})
     return df, md_table(df)
 
 

@@ -13,7 +13,7 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,6 +48,8 @@ EXPERIMENTS: dict[str, Experiment] = {
     "format": Experiment("10. Format sensitivity (where does the paper's pattern appear?)", P.format_configs,
                          P.format_table),
 }
+LARGE_ROWS = ("paths", "controls")
+"""Experiments with large-model (L=4, d=128) rows; their config and table builders take ``large_seeds``."""
 
 
 def _final(results: pd.DataFrame, root, cfg: RunConfig, key: str) -> float:
@@ -126,20 +128,21 @@ def grade(full, part, have: bool, testable: bool = True) -> str:
     return "inconclusive"
 
 
-def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame | None) -> pd.DataFrame:
-    """Claim-by-claim verdicts from explicit rules on 95% intervals (rules in the table).
+def _testable(*ms: P.Measure) -> bool:
+    lefts = [x.left for x in ms if x.left is not None]
+    return not lefts or sum(lefts) > 0
 
-    Every statistic is a :class:`~circuitfade.experiments.paper.Measure`: the mean over
-    seeds with a Student-t interval (one seed: the binomial/Wilson interval of its
-    evaluation). A rule "x ≤ c" holds if the whole interval of x is ≤ c, fails if the
-    whole interval is > c, and is undecided otherwise; a rule comparing two
-    measurements uses the normal interval of their difference. Verdicts: "reproduced"
-    (full rule holds), "partly" (the partial rule holds, the full rule fails), "partly
-    (full rule undecided)", "not reproduced" (both fail), "inconclusive" (undecided),
-    "not testable" (none of the claim's runs left the initial plateau,
-    :data:`paper.PLATEAU_ACC`), "not run".
-    """
-    run = lambda path, s, **kw: P.run(path, s, b, **kw)  # noqa: E731
+
+def _d_str(a: P.Measure, bb: P.Measure, scale: float = 1.0) -> str:
+    d, lo, hi = _diff(a, bb, scale)
+    return "—" if np.isnan(d) else f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def _path_claims(results: pd.DataFrame, root, b: P.Budget, seeds, model: dict | None = None) -> list[dict]:
+    """The five claims of Tables 1-2 (unforced collapses, forced_zero fails, the fade keeps
+    zero-gate accuracy, the hard switch and post hoc continuation fall short) on one model
+    (``model``: RunConfig.model overrides; ``None``: the base model) at ``seeds``."""
+    run = lambda path, s, **kw: P.run(path, s, b, model=model, **kw)  # noqa: E731
     S = list(seeds)
     n_eval = b.eval_size
     fade, unf, fz = b.fade(), "unforced", "forced_zero"
@@ -151,35 +154,64 @@ def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame
         rows.append({"claim": claim, "statistic": statistic, "ours (95% interval)": value, "rule": rule,
                      "verdict": verdict})
 
-    def testable(*ms: P.Measure) -> bool:
-        lefts = [x.left for x in ms if x.left is not None]
-        return not lefts or sum(lefts) > 0
-
-    def d_str(a, bb, scale=1.0):
-        d, lo, hi = _diff(a, bb, scale)
-        return "—" if np.isnan(d) else f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-
     un_z, un_n = m(unf), m(unf, "acc_normal")
-    add(f"unforced collapses at zero gate", "unforced acc: zero-gate / normal", f"{un_z} / {un_n}",
+    add("unforced collapses at zero gate", "unforced acc: zero-gate / normal", f"{un_z} / {un_n}",
         "zero ≤ .20 and normal ≥ .70 (partly: zero − normal ≤ −.30)",
         grade(_all(_le(un_z.lo, un_z.hi, .2), _ge(un_n.lo, un_n.hi, .7)), _le(*_diff(un_z, un_n)[1:], -.3),
-              un_z.n > 0, testable(un_z, un_n)))
+              un_z.n > 0, _testable(un_z, un_n)))
     fz_z, fa_z = m(fz), m(fade)
-    add("forced_zero fails", f"forced_zero zero-gate acc; minus {lab(fade)}", f"{fz_z}; {d_str(fz_z, fa_z)}",
+    add("forced_zero fails", f"forced_zero zero-gate acc; minus {lab(fade)}", f"{fz_z}; {_d_str(fz_z, fa_z)}",
         "≤ .20 (partly: difference ≤ −.20)",
-        grade(_le(fz_z.lo, fz_z.hi, .2), _le(*_diff(fz_z, fa_z)[1:], -.2), fz_z.n > 0, testable(fz_z, fa_z)))
+        grade(_le(fz_z.lo, fz_z.hi, .2), _le(*_diff(fz_z, fa_z)[1:], -.2), fz_z.n > 0, _testable(fz_z, fa_z)))
     add(f"{lab(fade)} keeps zero-gate accuracy", "fade zero-gate acc; minus forced_zero",
-        f"{fa_z}; {d_str(fa_z, fz_z)}", "≥ .60 and difference ≥ .20 (partly: ≥ .60)",
+        f"{fa_z}; {_d_str(fa_z, fz_z)}", "≥ .60 and difference ≥ .20 (partly: ≥ .60)",
         grade(_all(_ge(fa_z.lo, fa_z.hi, .6), _ge(*_diff(fa_z, fz_z)[1:], .2)), _ge(fa_z.lo, fa_z.hi, .6),
-              fa_z.n > 0, testable(fa_z)))
+              fa_z.n > 0, _testable(fa_z)))
     sw = m(b.switch(1050))
     add(f"hard switch at {b.switch(1050)[7:]} falls short", f"{b.switch(1050)} zero-gate acc; minus fade",
-        f"{sw}; {d_str(sw, fa_z)}", "difference ≤ −.20 (partly: ≤ −.05)",
-        grade(_le(*_diff(sw, fa_z)[1:], -.2), _le(*_diff(sw, fa_z)[1:], -.05), sw.n > 0, testable(sw, fa_z)))
-    ph = _measure(results, root, [P.posthoc_config(root, s, b) for s in S], "acc_zero", n_eval)
-    add("post hoc continuation falls short", "posthoc zero-gate acc; minus fade", f"{ph}; {d_str(ph, fa_z)}",
+        f"{sw}; {_d_str(sw, fa_z)}", "difference ≤ −.20 (partly: ≤ −.05)",
+        grade(_le(*_diff(sw, fa_z)[1:], -.2), _le(*_diff(sw, fa_z)[1:], -.05), sw.n > 0, _testable(sw, fa_z)))
+    ph = _measure(results, root, [P.posthoc_config(root, s, b, model=model) for s in S], "acc_zero", n_eval)
+    add("post hoc continuation falls short", "posthoc zero-gate acc; minus fade", f"{ph}; {_d_str(ph, fa_z)}",
         "difference ≤ −.20 (partly: ≤ −.05)",
-        grade(_le(*_diff(ph, fa_z)[1:], -.2), _le(*_diff(ph, fa_z)[1:], -.05), ph.n > 0, testable(ph, fa_z)))
+        grade(_le(*_diff(ph, fa_z)[1:], -.2), _le(*_diff(ph, fa_z)[1:], -.05), ph.n > 0, _testable(ph, fa_z)))
+    return rows
+
+
+LARGE_VALUE, LARGE_VERDICT = "large L=4 d=128 (95% interval)", "verdict (large)"
+
+
+def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame | None,
+             large_seeds: Sequence[int] = ()) -> pd.DataFrame:
+    """Claim-by-claim verdicts from explicit rules on 95% intervals (rules in the table).
+
+    Every statistic is a :class:`~circuitfade.experiments.paper.Measure`: the mean over
+    seeds with a Student-t interval (one seed: the binomial/Wilson interval of its
+    evaluation). A rule "x ≤ c" holds if the whole interval of x is ≤ c, fails if the
+    whole interval is > c, and is undecided otherwise; a rule comparing two
+    measurements uses the normal interval of their difference. Verdicts: "reproduced"
+    (full rule holds), "partly" (the partial rule holds, the full rule fails), "partly
+    (full rule undecided)", "not reproduced" (both fail), "inconclusive" (undecided),
+    "not testable" (none of the claim's runs left the initial plateau,
+    :data:`paper.PLATEAU_ACC`), "not run".
+
+    With ``large_seeds``, the claims of Tables 1-2 are graded again, by the same rules, on
+    the large model (L=4, d=128) at those seeds: two more columns, ``"—"`` / ``"not run"``
+    for the claims that have no large-model runs.
+    """
+    run = lambda path, s, **kw: P.run(path, s, b, **kw)  # noqa: E731
+    S = list(seeds)
+    n_eval = b.eval_size
+    fade, unf, fz = b.fade(), "unforced", "forced_zero"
+    m = lambda path, key="acc_zero", **kw: _measure(results, root, [run(path, s, **kw) for s in S], key, n_eval)  # noqa: E731
+    rows = _path_claims(results, root, b, S)
+    fz_z = m(fz)
+    fa_z = m(fade)
+
+    def add(claim, statistic, value, rule, verdict):
+        rows.append({"claim": claim, "statistic": statistic, "ours (95% interval)": value, "rule": rule,
+                     "verdict": verdict})
+
     starts = [m(b.fade(st)) for st in (400, 500, 600, 700, 800)]
     have = all(x.n > 0 for x in starts)
     if have:
@@ -192,7 +224,7 @@ def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame
     add("robust to fade start (400–800)", "zero-gate acc per start",
         ", ".join(f"{x.mean:.3f} [{x.lo:.3f}, {x.hi:.3f}]" for x in starts) if have else "—",
         "each ≥ .60, max − min ≤ .10 (interval of the spread), each − forced_zero ≥ .20 (partly: first two)",
-        grade(full, part, have, testable(*starts)))
+        grade(full, part, have, _testable(*starts)))
     shapes = {sh: m(b.fade(shape=sh)) for sh in ("cosine", "convex")}
     two = m(b.twostep())
     have = two.n > 0 and all(x.n > 0 for x in shapes.values())
@@ -206,7 +238,7 @@ def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame
     add("smooth shapes work, two-step does not", "linear/cosine/convex vs two-step zero-gate acc",
         f"{', '.join(f'{x.mean:.3f}' for x in smooth)} vs {two}" if have else "—",
         "each smooth ≥ .60 and two-step − worst smooth ≤ −.20 (partly: smooth ≥ .60)",
-        grade(full, part, have, testable(*smooth, two)))
+        grade(full, part, have, _testable(*smooth, two)))
     mk = {p: (m(fade, task={"name": "markov", "p": p}), m(unf, task={"name": "markov", "p": p}),
               m(fz, task={"name": "markov", "p": p})) for p in (0.2, 0.5, 0.8)}
     have = all(v[0].n > 0 for v in mk.values())
@@ -238,7 +270,12 @@ def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame
             grade(all(k == K for k, K in counts), any(k > 0 for k, _ in counts), True))
     else:
         add("consolidation happens after the gate reaches zero", "—", "—", "—", "not run")
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if len(list(large_seeds)):
+        large = {r["claim"]: r for r in _path_claims(results, root, b, large_seeds, model=P.LARGE)}
+        df.insert(3, LARGE_VALUE, [large[c]["ours (95% interval)"] if c in large else "—" for c in df.claim])
+        df[LARGE_VERDICT] = [large[c]["verdict"] if c in large else "not run" for c in df.claim]
+    return df
 
 
 def _spread(ms: list[P.Measure]) -> tuple[float, float, float]:
@@ -306,8 +343,8 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
     S = list(range(seeds))
     cfgs = []
     for n in names:
-        if n == "paths":
-            cfgs += P.paths_configs(S_of[n], root, b, large_seeds)
+        if n in LARGE_ROWS:
+            cfgs += EXPERIMENTS[n].configs(S_of[n], root, b, large_seeds)
         else:
             cfgs += EXPERIMENTS[n].configs(S_of[n], root, b)
     t0 = time.time()
@@ -327,7 +364,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
     for n in names:
         e = EXPERIMENTS[n]
         t1 = time.time()
-        if n == "paths":
+        if n in LARGE_ROWS:
             df, md = e.table(results, root, b, S_of[n], large_seeds)
         elif n == "mechanism":
             df, md = e.table(results, root, b, S_of[n], out_dir=out)
@@ -338,7 +375,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
             mech = df
         write_csv(out / f"table_{n}.csv", df)
         sections.append(f"## {e.title}\n\n{md}\n\n_({P.eval_note(b)}; table built in {time.time() - t1:.0f} s)_\n")
-    v = verdicts(results, root, b, S, mech)  # rules use the main seed list; missing runs are skipped
+    v = verdicts(results, root, b, S, mech, large_seeds=range(large_seeds))  # missing runs are skipped
     tables["verdicts"] = v
     failed = results[results.status == "failed"]
     quick_note = (f" — QUICK MODE ({b.steps} steps; not comparable to the paper: rows are labelled with the paths "
@@ -350,7 +387,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results", execut
         + (" --quick" if quick else "") + (" --tables-only" if not train else "")
         + (f" --runs {runs_dir}" if runs_dir is not None else "")
         + "".join(f" --seeds-for {k}={v}" for k, v in seeds_for.items())
-        + f"` (seeds per experiment: {', '.join(f'{n} {len(S_of[n])}' for n in names)}; large model seeds {S[:large_seeds]}).",
+        + f"` (seeds per experiment: {', '.join(f'{n} {len(S_of[n])}' for n in names)}; large model seeds {list(range(large_seeds))}).",
         f"Runs: {len(results)} ({int((results.status == 'done').sum())} trained now, "
         f"{int((results.status == 'cached').sum())} reused, "
         f"{int((results.status == 'recorded').sum())} from the recorded results_runs.csv (folders gone), "

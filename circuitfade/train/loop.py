@@ -50,6 +50,7 @@ from circuitfade.gating.evaluation import CONDITIONS, answer_logits, evaluate_co
 from circuitfade.io import CheckpointError, atomic_write, read_json, save_tensors, write_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.model.devices import check_device_name, resolve_device
+from circuitfade.train.optim import clip_grad_norm
 from circuitfade.gating.paths import GatePath, parse_path
 from circuitfade.gating.schedules import Schedule, parse_schedule
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, eval_set, make_task
@@ -395,10 +396,15 @@ def _write_metrics(run_dir: Path, rows: list[dict]) -> None:
     atomic_write(Path(run_dir) / "metrics.csv", buf.getvalue().encode())
 
 
-def _set_gates_for_step(model: SoftPriorTransformer, path: GatePath, step: int) -> None:
-    if path.mode != "learned":
-        v = path.value_at(step)
+def _set_gates_for_step(model: SoftPriorTransformer, path: GatePath, step: int, last: float | None = None) -> float | None:
+    """Set fixed/scheduled gates to the path's value at ``step``; returns that value. ``last``: the
+    value set at the previous step (the buffers are not rewritten when it has not changed)."""
+    if path.mode == "learned":
+        return None
+    v = path.value_at(step)
+    if v != last:
         model.set_gate_values(**{p: v for p in model.cfg.priors})
+    return v
 
 
 def _gate_summary(model: SoftPriorTransformer) -> dict:
@@ -475,9 +481,11 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
         checkpoint()
         bar = tqdm(total=until, initial=run.step, disable=not progress, desc=f"{cfg.path} s{cfg.seed}", leave=False)
         model.train()
+        params = list(model.parameters())
+        gate_now = None  # the gate buffers' value as last set here (None: set them at the first step)
         try:
             while run.step < until:
-                _set_gates_for_step(model, path, run.step)
+                gate_now = _set_gates_for_step(model, path, run.step, gate_now)
                 if sampler is not None:
                     batch = sampler(run.step, run.data_gen)
                 else:
@@ -492,7 +500,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
                         loss = loss + task.loss(answer_logits(model, batch), batch)
                 run.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip, foreach=True)
+                norm = clip_grad_norm(params, tc.grad_clip)
                 lv, nv = float(loss.detach()), float(norm)
                 if not (math.isfinite(lv) and math.isfinite(nv)):
                     raise TrainingDiverged(run.step, f"non-finite loss {lv} / gradient norm {nv} (weights not updated)")

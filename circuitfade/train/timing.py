@@ -16,6 +16,8 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
+from circuitfade.train.optim import clip_grad_norm
+
 __all__ = ["time_steps", "median_ms", "adamw_step", "torch_threads"]
 
 
@@ -42,7 +44,7 @@ def adamw_step(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor], *, l
         loss = loss_fn()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+        clip_grad_norm(params, grad_clip)
         opt.step()
 
     return step
