@@ -58,9 +58,10 @@ from circuitfade.train.surgery import reinit_heads
 __all__ = ["EXPERIMENTS", "STUDY", "TASK", "base_config", "job_key", "base_job", "reinit_job", "fit_rate",
            "predict_wait", "freeze_constants", "load_constants", "run", "verdicts", "main"]
 
-EXPERIMENTS = ("ablation", "waiting", "rate", "cure", "precursor", "ignition")  # the last three: circuitfade.experiments.*
-SUB_EXPERIMENTS = ("cure", "precursor", "ignition")
-"""Experiments with their own module, runs and verdict rows (joined to the table of ``run``)."""
+STANDALONE = ("cure", "precursor", "occupation", "ignition")
+"""Experiments with their own runs or model (``circuitfade.experiments.<name>.run``); each writes
+``OUT/<name>.md`` and ``OUT/<name>_verdicts.csv``, which the full report joins."""
+EXPERIMENTS = ("ablation", "waiting", "rate") + STANDALONE
 
 # ------------------------------------------------------------------ the apparatus, fixed
 V, N_DISTRACTORS = 3, 1
@@ -557,22 +558,14 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
-    sub = {}
-    for name in SUB_EXPERIMENTS:  # their own runs; their verdict rows join the table below
-        if name in names:
-            if name == "cure":
-                from circuitfade.experiments.cure import run as run_sub
-            elif name == "precursor":  # K = 4, 12 seeds x 3 drives; one worker
-                from circuitfade.experiments.precursor import run as _run_precursor
-
-                run_sub = lambda **kw: _run_precursor(**{**kw, "workers": 1})  # noqa: E731
-            else:
-                from circuitfade.experiments.ignition import run as run_sub
-            sub[name] = run_sub(out=out, workers=workers, progress=progress, png=png)
-            names = [n for n in names if n != name]
-    if sub and not names:
-        return {"summary": {}, "verdicts": pd.concat([r["verdicts"] for r in sub.values()], ignore_index=True),
-                "markdown": "\n".join(r["markdown"] for r in sub.values()), **sub}
+    standalone = {}  # experiments with their own runs/models; their verdict rows join the table below
+    for name in [n for n in names if n in STANDALONE]:
+        standalone[name] = _run_standalone(name, out=out, workers=workers, progress=progress, png=png)
+    names = [n for n in names if n not in STANDALONE]
+    if not names:
+        v = pd.concat([r["verdicts"] for r in standalone.values()], ignore_index=True)
+        return {"summary": {}, "verdicts": v, "markdown": "\n\n".join(r["markdown"] for r in standalone.values()),
+                **standalone}
     S = list(range(seeds))
     base_specs = [{"kind": "base", "k": k, "seed": s} for k in KS for s in S]
     base = _run_jobs("base", base_specs, out, workers, progress)
@@ -672,10 +665,9 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
                                 + markdown_table(t[["k", "m", "drive", "held_out", "wait_median", "predicted",
                                                     "rel_error"]].round(3)) + "\n")
     v = verdicts(summary)
-    extra_md = [out / f"{n}.md" for n in SUB_EXPERIMENTS if (out / f"{n}.md").is_file()]
-    for n in SUB_EXPERIMENTS:  # their rows (from this or an earlier call)
-        if (out / f"{n}_verdicts.csv").is_file():
-            v = pd.concat([v, pd.read_csv(out / f"{n}_verdicts.csv")], ignore_index=True)
+    for extra in STANDALONE:  # their rows (from this or an earlier call)
+        if (out / f"{extra}_verdicts.csv").is_file():
+            v = pd.concat([v, pd.read_csv(out / f"{extra}_verdicts.csv")], ignore_index=True)
     for name, fig in figs:
         _save(fig, out / f"fig_{name}", png=png)
     cpu = sum(float(b.get("cpu_s", 0)) for b in base) + (float(reinit.cpu_s.fillna(0).sum()) if reinit is not None else 0.0)
@@ -694,10 +686,30 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         head += ["**Failed jobs:**", ""] + [f"- {f.get('kind')} k={f.get('k')} m={f.get('m', '')} seed={f.get('seed')}: "
                                             f"{f.get('error')}" for f in failed] + [""]
     text = ("\n".join(head) + "\n## Claim-by-claim verdict\n\n" + markdown_table(v) + "\n\n" + "\n".join(sections)
-            + "".join("\n" + f.read_text() for f in extra_md))
+            + "".join("\n" + (out / f"{x}.md").read_text() for x in STANDALONE if (out / f"{x}.md").is_file()))
     (out / "results.md").write_text(text)
     v.to_csv(out / "verdicts.csv", index=False)
     return {"summary": summary, "verdicts": v, "markdown": text, "base": base_df, "reinit": reinit}
+
+
+def _run_standalone(name: str, *, out: Path, workers: int, progress: bool, png: bool) -> dict:
+    if name == "cure":
+        from circuitfade.experiments.cure import run as run_cure
+
+        return run_cure(out=out, workers=workers, progress=progress, png=png)
+    if name == "precursor":
+        from circuitfade.experiments.precursor import run as run_precursor
+
+        return run_precursor(out=out, workers=1, progress=progress, png=png)
+    if name == "occupation":
+        from circuitfade.experiments.occupation import run as run_occupation
+
+        return run_occupation(out=out, png=png)
+    if name == "ignition":
+        from circuitfade.experiments.ignition import run as run_ignition
+
+        return run_ignition(out=out, workers=workers, progress=progress, png=png)
+    raise ValueError(f"not a standalone experiment: {name!r}")
 
 
 def build_parser(prog: str = "circuitfade alignment") -> argparse.ArgumentParser:

@@ -240,7 +240,8 @@ def occupation_verdicts(pred: dict, measured: int | None, cures: dict, ws: Seque
     ws = sorted(ws)
     rows = [{"claim": "occupation imposes a deadline (some W never ignites within the budget)",
              "ours": f"critical W = {measured}" if measured is not None else "none on the grid",
-             "study": "a deadline exists", "verdict": "reproduced" if measured is not None else "not reproduced"}]
+             "study": "a deadline exists", "rule": "reproduced if some scanned W has 0 seeds igniting within the budget",
+             "verdict": "reproduced" if measured is not None else "not reproduced"}]
     p = pred["w_star"]
     if p is None or measured is None:
         ok = p is None and measured is None
@@ -249,6 +250,7 @@ def occupation_verdicts(pred: dict, measured: int | None, cures: dict, ws: Seque
     rows.append({"claim": "the deadline is predicted from the occupation margin alone (W* = m^-1(D^-1(budget)))",
                  "ours": f"predicted W* = {p} (m_crit = {pred['m_crit']}), measured {measured}",
                  "study": "no mixing assumption needed",
+                 "rule": "reproduced if predicted and measured W* are the same or adjacent grid points (or both absent)",
                  "verdict": "reproduced" if ok else "not reproduced"})
     for arm, want_all, study in (("key side (QK) re-init", True, "6/6 (transformer)"),
                                  ("capability query side re-init", False, "0/6 (value side, transformer)")):
@@ -259,6 +261,7 @@ def occupation_verdicts(pred: dict, measured: int | None, cures: dict, ws: Seque
         good = (k >= n - 1) if want_all else (k <= 1)
         rows.append({"claim": f"past the deadline, {arm} {'restores ignition' if want_all else 'does nothing'}",
                      "ours": f"{k}/{n} [{lo:.2f}, {hi:.2f}]", "study": study,
+                     "rule": f"reproduced if {'>= n-1' if want_all else '<= 1'} of n >= 5 seeds ignite",
                      "verdict": "reproduced" if good and n >= 5 else "not reproduced"})
     return pd.DataFrame(rows)
 
@@ -277,15 +280,17 @@ def occupation_figure(margin_w: pd.DataFrame, delays_m: pd.DataFrame, scan: pd.D
     sc["shown"] = sc.delay.fillna(budget * 1.05)
     fig.add_scatter(x=sc.margin, y=sc.shown, mode="markers", name="trained (base for W steps)", row=1, col=1,
                     marker={"symbol": "x", "size": 8})
-    x = [max(w, 10) for w in sc.w]
+    x = [w + 1 for w in sc.w]
     fig.add_scatter(x=x, y=sc.shown, mode="markers", name="measured (seeds)", row=1, col=2, marker={"size": 7})
     pw = sorted(pred["predicted_delay"].items())
-    fig.add_scatter(x=[max(w, 10) for w, _ in pw], y=[min(v, budget * 1.05) for _, v in pw], mode="lines+markers",
+    fig.add_scatter(x=[w + 1 for w, _ in pw], y=[min(v, budget * 1.05) for _, v in pw], mode="lines+markers",
                     name="predicted from D(m(W))", row=1, col=2, line={"dash": "dash"})
     for col in (1, 2):
-        fig.add_hline(y=budget, line_dash="dot", annotation_text="budget (above: censored)", row=1, col=col)
+        fig.add_hline(y=budget, line_dash="dot", row=1, col=col)
+    fig.add_annotation(text="dotted: budget; points above it never ignited", xref="paper", yref="paper", x=0.5,
+                       y=-0.22, showarrow=False)
     fig.update_xaxes(title_text="key-side margin m = theta[b] - theta[c]", row=1, col=1)
-    fig.update_xaxes(title_text="W (base-only steps before the switch; 0 shown at 10)", type="log", row=1, col=2)
+    fig.update_xaxes(title_text="W + 1 (W: base-only steps before the switch)", type="log", row=1, col=2)
     fig.update_yaxes(title_text="steps from switch to ignition", row=1, col=1)
     fig.update_layout(title="Occupation model: the delay is a function of the occupied key side, and a deadline follows",
                       width=1200, height=480)
@@ -358,6 +363,7 @@ def run(*, out: str | Path = "results/alignment", cfg: OccupationConfig = CONFIG
         f"{rel_err:.2f} over {n_rel} W.", "",
         markdown_table(table), "", markdown_table(verdicts), ""])
     (out / "occupation.md").write_text(md)
+    verdicts.to_csv(out / "occupation_verdicts.csv", index=False)
     return {"scan": scan, "margins": margin_w, "planted": delays_m, "prediction": pred, "measured": w_meas,
             "cures": cures, "verdicts": verdicts, "markdown": md}
 
