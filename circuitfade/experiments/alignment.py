@@ -58,7 +58,7 @@ from circuitfade.train.surgery import reinit_heads
 __all__ = ["EXPERIMENTS", "STUDY", "TASK", "base_config", "job_key", "base_job", "reinit_job", "fit_rate",
            "predict_wait", "freeze_constants", "load_constants", "run", "verdicts", "main"]
 
-EXPERIMENTS = ("ablation", "waiting", "rate", "cure")  # cure: circuitfade.experiments.cure
+EXPERIMENTS = ("ablation", "waiting", "rate", "cure", "anneal")  # cure, anneal: circuitfade.experiments.<name>
 
 # ------------------------------------------------------------------ the apparatus, fixed
 V, N_DISTRACTORS = 3, 1
@@ -559,6 +559,13 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         if not names:
             return {"summary": {}, "verdicts": cure_res["verdicts"], "markdown": cure_res["markdown"],
                     "cure": cure_res}
+    if "anneal" in names:  # melt / pin / anneal with Langevin noise (K = 2, SGD); writes OUT/anneal.md
+        from circuitfade.experiments.anneal import run as run_anneal
+
+        ann_res = run_anneal(out=out, seeds=seeds, progress=progress, png=png)
+        names = [n for n in names if n != "anneal"]
+        if not names:
+            return {"summary": {}, "verdicts": ann_res["verdicts"], "markdown": ann_res["markdown"], "anneal": ann_res}
     S = list(range(seeds))
     base_specs = [{"kind": "base", "k": k, "seed": s} for k in KS for s in S]
     base = _run_jobs("base", base_specs, out, workers, progress)
