@@ -50,7 +50,10 @@ Rules, fixed here before any run (``verdicts`` applies them; seeds ``0 .. SEEDS-
   control); ``circuit`` = part heads + the read-out they feed (embeddings, MLP, attention output bias,
   unembedding), i.e. everything but the spare heads; ``control circuit`` = spare heads + the same read-out,
   everything but the part heads. Displacement of the free entries: ``|theta - theta_0| / |theta_0|``.
-  Verdict (on the circuit pair): *reproduced* if ``circuit`` keeps the capability in ``>= n - 1`` seeds,
+  Follow-up added after the first result (the circuit arm lost the capability at ``T_hot`` in 5/5
+  seeds), used by no verdict: the arms :data:`MID_PIN_ARMS` at the geometric middle of the melting interval
+  ``sqrt(lo * hi)`` (a value the rule gives, not a pick), where a pin has a window to matter.
+  Verdict (on the circuit pair at ``T_hot``): *reproduced* if ``circuit`` keeps the capability in ``>= n - 1`` seeds,
   ``control circuit`` loses it in ``>= n - 1`` seeds, the pinned entries are bit-identical and the free
   entries' median relative displacement is at least 10 x that of the same entries in a ``T = 0``
   continuation; *partly* if the circuit arm keeps it in more seeds than the control arm; else *not
@@ -97,6 +100,7 @@ HOLD, RAMP, ANNEAL_STEPS = 500, 1000, 2500
 READOUT = ("embed.", "pos_embed.", "blocks.0.mlp.", "blocks.0.attn.b_O", "unembed.")
 PIN_ARMS = {"none": ((), ()), "part heads": ("parts", ()), "spare heads": ("spares", ()),
             "circuit": ("parts", READOUT), "control circuit": ("spares", READOUT)}
+MID_PIN_ARMS = ("none", "circuit", "control circuit")
 HEAD_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")  # per-head tensors (head index first)
 
 
@@ -434,17 +438,25 @@ def melt_figure(melt: pd.DataFrame, mp: Mapping) -> go.Figure:
 
 
 def pin_figure(pin: pd.DataFrame, t_hot: float) -> go.Figure:
+    """Seeds keeping the capability per pinned set, one bar group per temperature in ``pin`` (``T_hot`` first)."""
     arms = list(PIN_ARMS)
-    g = pin.groupby("arm")
-    kept = [int((~g.get_group(a).lost.astype(bool)).sum()) if a in g.groups else 0 for a in arms]
-    n = [int(len(g.get_group(a))) if a in g.groups else 0 for a in arms]
-    disp = [float(g.get_group(a).free_disp.median()) if a in g.groups else float("nan") for a in arms]
-    fig = go.Figure(go.Bar(x=arms, y=kept, text=[f"{k}/{m}<br>free moved {d:.2f}" for k, m, d in zip(kept, n, disp)],
-                           textposition="outside", marker_color=["#888", "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"]))
-    fig.update_layout(title=f"Pin: seeds keeping the capability after {PIN_STEPS} steps at T = {t_hot:g}"
-                      f"<br><sup>the named set pinned (lr 0, no noise); free moved = relative L2 displacement of the "
-                      f"free entries</sup>", yaxis={"title": "seeds kept", "range": [0, max(n + [1]) + 1.5]},
-                      xaxis_title="pinned set", width=760, height=440, template="plotly_white")
+    fig = go.Figure()
+    n_max = 1
+    for T in sorted(pin["T"].unique(), key=lambda t: (t != t_hot, t)):
+        g = pin[pin["T"] == T].groupby("arm")
+        has = [a for a in arms if a in g.groups]
+        kept = [int((~g.get_group(a).lost.astype(bool)).sum()) for a in has]
+        n = [int(len(g.get_group(a))) for a in has]
+        disp = [float(g.get_group(a).free_disp.median()) for a in has]
+        n_max = max([n_max] + n)
+        label = f"T = {T:.3g}" + (" (T_hot, verdict)" if T == t_hot else " (follow-up)")
+        fig.add_trace(go.Bar(x=has, y=kept, name=label, textposition="outside",
+                             text=[f"{k}/{m}<br>moved {d:.1f}" for k, m, d in zip(kept, n, disp)]))
+    fig.update_layout(title=f"Pin: seeds keeping the capability after {PIN_STEPS} steps with the named set pinned"
+                      f"<br><sup>pinned = lr 0, no noise; moved = relative L2 displacement of the free entries "
+                      f"(at T = 0: {pin.free_disp_t0.min():.2g}-{pin.free_disp_t0.max():.2g})</sup>", barmode="group",
+                      yaxis={"title": "seeds kept", "range": [0, n_max + 1.8]}, xaxis_title="pinned set",
+                      width=820, height=460, template="plotly_white", legend={"orientation": "h", "y": -0.25})
     return fig
 
 
@@ -494,9 +506,16 @@ def run(*, out: str | Path = "results/alignment", seeds: int = SEEDS, progress: 
             pin_res.append(_cached(pin_job, {"kind": "pin", "k": K, "seed": s, "arm": arm, "T": t_hot,
                                              "steps": PIN_STEPS, "lr": LR_SGD}, out))
         say(f"pin {arm}: {[r['status'] for r in pin_res[-len(S):]]}")
+    t_mid = None if mp["lo"] is None else float(math.sqrt(mp["lo"] * mp["hi"]))
+    if t_mid is not None:  # follow-up, added after the first result; no verdict uses it (see the docstring)
+        for arm in MID_PIN_ARMS:
+            for s in S:
+                pin_res.append(_cached(pin_job, {"kind": "pin", "k": K, "seed": s, "arm": arm, "T": t_mid,
+                                                 "steps": PIN_STEPS, "lr": LR_SGD}, out))
     failed += [r for r in pin_res if r["status"] != "done"]
-    pin = pd.DataFrame([{k: v for k, v in r.items() if k != "curve"} for r in pin_res if r["status"] == "done"])
-    pin.to_csv(out / "anneal_pin.csv", index=False)
+    pin_all = pd.DataFrame([{k: v for k, v in r.items() if k != "curve"} for r in pin_res if r["status"] == "done"])
+    pin_all.to_csv(out / "anneal_pin.csv", index=False)
+    pin = pin_all[pin_all["T"] == t_hot]
     ann_res = []
     for arm, temp in (("anneal", anneal_schedule(t_hot)), ("constant", repr(t_hot))):
         for s in S:
@@ -516,18 +535,19 @@ def run(*, out: str | Path = "results/alignment", seeds: int = SEEDS, progress: 
     v = verdicts(melt, pin, ann, t_hot)
     v.to_csv(out / "anneal_verdicts.csv", index=False)
     _save(melt_figure(melt, mp), out / "fig_melt", png=png)
-    _save(pin_figure(pin, t_hot), out / "fig_pin", png=png)
+    _save(pin_figure(pin_all, t_hot), out / "fig_pin", png=png)
     _save(anneal_figure([r for r in ann_res if r["status"] != "failed"], t_hot), out / "fig_anneal", png=png)
     cpu = sum(float(r.get("cpu_s", 0) or 0) for r in melt_res + pin_res + ann_res)
     mtab = pd.DataFrame([{"T": t, "lost": c[0], "seeds": c[1],
                           "acc_median": float(melt[melt["T"] == t].acc_final.median()),
                           "clipped_frac_median": float(melt[melt["T"] == t].clipped_frac.median())}
                          for t, c in mp["counts"].items()])
-    ptab = (pin.assign(kept=~pin.lost.astype(bool)).groupby("arm", sort=False)
+    ptab = (pin_all.assign(kept=~pin_all.lost.astype(bool)).groupby(["T", "arm"], sort=False)
             .agg(seeds=("seed", "size"), kept=("kept", "sum"), acc_median=("acc_final", "median"),
                  free_disp=("free_disp", "median"), free_disp_t0=("free_disp_t0", "median"),
                  n_pinned=("n_pinned", "first"), n_free=("n_free", "first"),
                  pinned_max_change=("pinned_max_change", "max")).reset_index())
+    ptab["T"] = [f"{t:.3g}" for t in ptab["T"]]
     atab = ann.groupby("arm", sort=False).agg(seeds=("seed", "size"), ignited=("ignition", "count"),
                                                ignition_median=("ignition", "median"),
                                                ignition_min=("ignition", "min"), ignition_max=("ignition", "max"),
@@ -553,7 +573,9 @@ def run(*, out: str | Path = "results/alignment", seeds: int = SEEDS, progress: 
         + ("" if found else " (no grid T lost every seed: the largest grid T)") + ".", "",
         markdown_table(mtab.round(3).assign(T=[f"{t:g}" for t in mtab["T"]])), "",
         f"Pin ({PIN_STEPS} steps at T = {t_hot:g}; free_disp: relative L2 displacement of the free entries, "
-        f"free_disp_t0 the same at T = 0):", "", markdown_table(ptab.round(4)), "",
+        f"free_disp_t0 the same at T = 0). The rows at T = {t_mid if t_mid is None else f'{t_mid:.3g}'} "
+        f"(the geometric middle of the melting interval) are the follow-up of the docstring, not used by a "
+        f"verdict:", "", markdown_table(ptab.round(4)), "",
         f"Anneal (from scratch; anneal = `{anneal_schedule(t_hot)}`, constant = T {t_hot:g}, {ANNEAL_STEPS} steps; "
         f"the ramp runs over steps {HOLD}–{HOLD + RAMP}):", "", markdown_table(atab.round(4)), ""]
         + ([f"**Failed / circuit-less jobs:** " + "; ".join(f"{r.get('kind')} seed {r.get('seed')} "
