@@ -58,7 +58,10 @@ from circuitfade.train.surgery import reinit_heads
 __all__ = ["EXPERIMENTS", "STUDY", "TASK", "base_config", "job_key", "base_job", "reinit_job", "fit_rate",
            "predict_wait", "freeze_constants", "load_constants", "run", "verdicts", "main"]
 
-EXPERIMENTS = ("ablation", "waiting", "rate", "cure", "anneal")  # cure, anneal: circuitfade.experiments.<name>
+STANDALONE = ("cure", "precursor", "occupation", "anneal")
+"""Experiments with their own runs or model (``circuitfade.experiments.<name>.run``); each writes
+``OUT/<name>.md`` and ``OUT/<name>_verdicts.csv``, which the full report joins."""
+EXPERIMENTS = ("ablation", "waiting", "rate") + STANDALONE
 
 # ------------------------------------------------------------------ the apparatus, fixed
 V, N_DISTRACTORS = 3, 1
@@ -213,6 +216,8 @@ def _worker(kind: str, spec: dict, out: str) -> dict:
         from circuitfade.experiments import cure as _cure
 
         fn = _cure.withheld_job if kind == "withheld" else _cure.cure_job
+    elif kind == "precursor":
+        from circuitfade.experiments.precursor import precursor_job as fn
     else:
         fn = base_job if kind == "base" else reinit_job
     try:
@@ -551,21 +556,14 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
-    if "cure" in names:  # its own runs (K = 3, 6 seeds); its verdict rows join the table below
-        from circuitfade.experiments.cure import run as run_cure
-
-        cure_res = run_cure(out=out, workers=workers, progress=progress, png=png)
-        names = [n for n in names if n != "cure"]
-        if not names:
-            return {"summary": {}, "verdicts": cure_res["verdicts"], "markdown": cure_res["markdown"],
-                    "cure": cure_res}
-    if "anneal" in names:  # melt / pin / anneal with Langevin noise (K = 2, SGD); writes OUT/anneal.md
-        from circuitfade.experiments.anneal import run as run_anneal
-
-        ann_res = run_anneal(out=out, seeds=seeds, progress=progress, png=png)
-        names = [n for n in names if n != "anneal"]
-        if not names:
-            return {"summary": {}, "verdicts": ann_res["verdicts"], "markdown": ann_res["markdown"], "anneal": ann_res}
+    standalone = {}  # experiments with their own runs/models; their verdict rows join the table below
+    for name in [n for n in names if n in STANDALONE]:
+        standalone[name] = _run_standalone(name, out=out, workers=workers, progress=progress, png=png)
+    names = [n for n in names if n not in STANDALONE]
+    if not names:
+        v = pd.concat([r["verdicts"] for r in standalone.values()], ignore_index=True)
+        return {"summary": {}, "verdicts": v, "markdown": "\n\n".join(r["markdown"] for r in standalone.values()),
+                **standalone}
     S = list(range(seeds))
     base_specs = [{"kind": "base", "k": k, "seed": s} for k in KS for s in S]
     base = _run_jobs("base", base_specs, out, workers, progress)
@@ -665,9 +663,9 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
                                 + markdown_table(t[["k", "m", "drive", "held_out", "wait_median", "predicted",
                                                     "rel_error"]].round(3)) + "\n")
     v = verdicts(summary)
-    cure_md = out / "cure.md"
-    if (out / "cure_verdicts.csv").is_file():  # the cure's rows (from this or an earlier `cure` call)
-        v = pd.concat([v, pd.read_csv(out / "cure_verdicts.csv")], ignore_index=True)
+    for extra in STANDALONE:  # their rows (from this or an earlier call)
+        if (out / f"{extra}_verdicts.csv").is_file():
+            v = pd.concat([v, pd.read_csv(out / f"{extra}_verdicts.csv")], ignore_index=True)
     for name, fig in figs:
         _save(fig, out / f"fig_{name}", png=png)
     cpu = sum(float(b.get("cpu_s", 0)) for b in base) + (float(reinit.cpu_s.fillna(0).sum()) if reinit is not None else 0.0)
@@ -686,10 +684,30 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         head += ["**Failed jobs:**", ""] + [f"- {f.get('kind')} k={f.get('k')} m={f.get('m', '')} seed={f.get('seed')}: "
                                             f"{f.get('error')}" for f in failed] + [""]
     text = ("\n".join(head) + "\n## Claim-by-claim verdict\n\n" + markdown_table(v) + "\n\n" + "\n".join(sections)
-            + ("\n" + cure_md.read_text() if cure_md.is_file() else ""))
+            + "".join("\n" + (out / f"{x}.md").read_text() for x in STANDALONE if (out / f"{x}.md").is_file()))
     (out / "results.md").write_text(text)
     v.to_csv(out / "verdicts.csv", index=False)
     return {"summary": summary, "verdicts": v, "markdown": text, "base": base_df, "reinit": reinit}
+
+
+def _run_standalone(name: str, *, out: Path, workers: int, progress: bool, png: bool) -> dict:
+    if name == "cure":
+        from circuitfade.experiments.cure import run as run_cure
+
+        return run_cure(out=out, workers=workers, progress=progress, png=png)
+    if name == "precursor":
+        from circuitfade.experiments.precursor import run as run_precursor
+
+        return run_precursor(out=out, workers=1, progress=progress, png=png)
+    if name == "occupation":
+        from circuitfade.experiments.occupation import run as run_occupation
+
+        return run_occupation(out=out, png=png)
+    if name == "anneal":  # melt / pin / anneal with Langevin noise (K = 2, SGD, 5 seeds)
+        from circuitfade.experiments.anneal import run as run_anneal
+
+        return run_anneal(out=out, progress=progress, png=png)
+    raise ValueError(f"not a standalone experiment: {name!r}")
 
 
 def build_parser(prog: str = "circuitfade alignment") -> argparse.ArgumentParser:
