@@ -144,7 +144,7 @@ def test_pin_and_anneal_verdict_rules_on_planted_outcomes():
 
 
 def test_anneal_is_a_registered_alignment_experiment():
-    from circuitfade.experiments.alignment import EXPERIMENTS, build_parser
+    from circuitfade.experiments.alignment import EXPERIMENTS, STANDALONE, build_parser
 
-    assert "anneal" in EXPERIMENTS
+    assert "anneal" in EXPERIMENTS and "anneal" in STANDALONE  # writes OUT/anneal.md + anneal_verdicts.csv
     assert build_parser().parse_args(["anneal"]).experiments == ["anneal"]
