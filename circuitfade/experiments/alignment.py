@@ -58,7 +58,7 @@ from circuitfade.train.surgery import reinit_heads
 __all__ = ["EXPERIMENTS", "STUDY", "TASK", "base_config", "job_key", "base_job", "reinit_job", "fit_rate",
            "predict_wait", "freeze_constants", "load_constants", "run", "verdicts", "main"]
 
-STANDALONE = ("cure", "precursor", "occupation", "ignition")
+STANDALONE = ("cure", "precursor", "occupation", "anneal", "ignition")
 """Experiments with their own runs or model (``circuitfade.experiments.<name>.run``); each writes
 ``OUT/<name>.md`` and ``OUT/<name>_verdicts.csv``, which the full report joins."""
 EXPERIMENTS = ("ablation", "waiting", "rate") + STANDALONE
@@ -705,6 +705,10 @@ def _run_standalone(name: str, *, out: Path, workers: int, progress: bool, png: 
         from circuitfade.experiments.occupation import run as run_occupation
 
         return run_occupation(out=out, png=png)
+    if name == "anneal":  # melt / pin / anneal with Langevin noise (K = 2, SGD, 5 seeds)
+        from circuitfade.experiments.anneal import run as run_anneal
+
+        return run_anneal(out=out, progress=progress, png=png)
     if name == "ignition":
         from circuitfade.experiments.ignition import run as run_ignition
 
