@@ -9,6 +9,7 @@ L0H1 at step 200.
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pandas as pd
@@ -462,6 +463,16 @@ def test_save_with_timeout_exports_in_a_child_and_reports_a_hang(tmp_path, monke
     monkeypatch.setattr(plots, "_CHILD_EXPORT", "while True: pass\n")
     with pytest.raises(plots.ExportError, match="did not finish within 0.2 s"):
         plots.save(fig, tmp_path / "hang.png", timeout=0.2)
+    # ... also when it started a process of its own that escapes the kill and keeps stderr open
+    # (it outlives the kill by 6 s, then exits; waiting on its pipe would take those 6 s)
+    grandchild = "import os, time\\np = os.getppid()\\nwhile os.getppid() == p: time.sleep(0.05)\\ntime.sleep(6)"
+    escape = (f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', '{grandchild}'], start_new_session=True)\n"
+              "while True: pass\n")
+    monkeypatch.setattr(plots, "_CHILD_EXPORT", escape)
+    t0 = time.monotonic()
+    with pytest.raises(plots.ExportError, match="did not finish within 1 s"):
+        plots.save(fig, tmp_path / "escaped.png", timeout=1)
+    assert time.monotonic() - t0 < 5
     monkeypatch.setattr(plots, "_CHILD_EXPORT", "raise SystemExit('no browser here')\n")
     with pytest.raises(plots.ExportError, match="no browser here"):
         plots.save(fig, tmp_path / "broken.png", timeout=60)

@@ -147,19 +147,23 @@ def _export_in_child(fig: go.Figure, path: Path, w: int, h: int, scale: float, t
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "fig.json", Path(tmp) / ("fig" + path.suffix)
+        src, dst, log = Path(tmp) / "fig.json", Path(tmp) / ("fig" + path.suffix), Path(tmp) / "stderr.txt"
         src.write_text(fig.to_json())
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD_EXPORT, str(src), str(dst), str(w), str(h), str(scale)],
-                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise ExportError(f"cannot write {path}: the image exporter did not finish within {timeout:g} s") from None
+        # stderr to a file, not a pipe: a browser that escaped the kill would hold a pipe open for ever
+        with open(log, "wb") as err_file:
+            proc = subprocess.Popen([sys.executable, "-c", _CHILD_EXPORT, str(src), str(dst), str(w), str(h),
+                                     str(scale)], start_new_session=True, stdout=subprocess.DEVNULL, stderr=err_file)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+                raise ExportError(f"cannot write {path}: the image exporter did not finish within {timeout:g} s") from None
         if proc.returncode != 0:
-            last = (err or b"").decode(errors="replace").strip().splitlines()[-1:] or ["failed"]
+            err = log.read_bytes()
+            last = err.decode(errors="replace").strip().splitlines()[-1:] or ["failed"]
             raise ExportError(f"cannot write {path}: {last[0]}")
         return dst.read_bytes()
 
