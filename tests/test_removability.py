@@ -232,6 +232,19 @@ def test_continuation_rows_on_planted_checkpoints(tmp_path):
     assert prim.statistic == R.SIGNAL_PRIMARY and math.isnan(prim.rho)
 
 
+def test_continuation_tests_keep_budgets_apart():
+    """A 10,800-step run repeats its 3,600-step twin's step-600 signal: each budget is tested on its
+    own (planted: perfect rank agreement at 3,600, perfect disagreement at 10,800)."""
+    sig = pd.DataFrame({"model": "a", "task": "t", "path": "fade600->0", "seed": [0, 1, 2] * 2,
+                        "steps": [3600] * 3 + [10800] * 3, "circuit_share": [0.1, 0.2, 0.3] * 2,
+                        "circuit_norm": [1.0, 2.0, 3.0] * 2, "share_ratio": [1.0, 1.1, 1.2] * 2,
+                        "acc_zero_final": [0.2, 0.5, 0.9, 0.9, 0.5, 0.2]})
+    tests = R.continuation_tests(sig, pd.DataFrame())
+    fade = tests[(tests.set == "fade600->0 runs") & (tests.statistic == R.SIGNAL_PRIMARY)].set_index("steps")
+    assert fade.loc[3600, "rho"] == pytest.approx(1.0) and fade.loc[10800, "rho"] == pytest.approx(-1.0)
+    assert fade.loc[3600, "n"] == 3 and bool(fade.loc[3600, "primary"]) and not bool(fade.loc[10800, "primary"])
+
+
 def test_separation_of_cells_by_signal():
     cells = pd.DataFrame({"model": ["a", "b", "c"], "task": "t", "steps": 3600,
                           "class": ["path decides removability", "no difference", "mixed"]})

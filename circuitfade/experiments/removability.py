@@ -408,25 +408,31 @@ def continuation_rows(runs: pd.DataFrame, roots: Sequence[str | Path], *, k: int
 def continuation_tests(sig: pd.DataFrame, cells: pd.DataFrame, *, primary: str = SIGNAL_PRIMARY) -> pd.DataFrame:
     """Spearman rho (bootstrap 95%) of the signal against the final zero-gate accuracy:
     over fade runs (signal at step 600), over all runs, and over cells (mean fade
-    signal vs the cell's mean margin). One row per (set, statistic)."""
+    signal vs the cell's mean margin). One row per (budget, set, statistic), each budget
+    on its own: a run trained for 10,800 steps shares its step-600 signal with the
+    3,600-step run of the same seed, so pooling budgets would count one signal twice.
+    The primary test is on the smallest budget."""
     out = []
     stats = [primary] + [s for s in ("circuit_norm", "share_ratio") if s != primary]
     cells = cells.set_index(["model", "task", "steps"]) if len(cells) else cells
-    for stat in stats:
-        if stat not in sig:
-            continue
-        for name, sub in (("fade600->0 runs", sig[sig.path == FADE]), ("all runs", sig),
-                          ("forced_zero runs", sig[sig.path == BASELINE])):
-            res = spearman_bootstrap(sub[stat], sub.acc_zero_final)
-            out.append({"set": name, "statistic": stat, "target": "final zero-gate acc", **res,
-                        "primary": stat == primary and name == "fade600->0 runs"})
-        fade = sig[sig.path == FADE]
-        if len(fade) and len(cells):
-            per = fade.groupby(["model", "task", "steps"])[stat].mean()
-            margin = cells.reindex(per.index)["margin_mean"]
-            res = spearman_bootstrap(per.to_numpy(), margin.to_numpy())
-            out.append({"set": "cells (mean fade signal)", "statistic": stat, "target": "cell margin", **res,
-                        "primary": False})
+    budgets = sorted(set(sig.steps)) if "steps" in sig and len(sig) else [None]
+    for steps in budgets:
+        at = sig if steps is None else sig[sig.steps == steps]
+        for stat in stats:
+            if stat not in at:
+                continue
+            for name, sub in (("fade600->0 runs", at[at.path == FADE]), ("all runs", at),
+                              ("forced_zero runs", at[at.path == BASELINE])):
+                res = spearman_bootstrap(sub[stat], sub.acc_zero_final)
+                out.append({"steps": steps, "set": name, "statistic": stat, "target": "final zero-gate acc", **res,
+                            "primary": stat == primary and name == "fade600->0 runs" and steps == budgets[0]})
+            fade = at[at.path == FADE]
+            if len(fade) and len(cells):
+                per = fade.groupby(["model", "task", "steps"])[stat].mean()
+                margin = cells.reindex(per.index)["margin_mean"]
+                res = spearman_bootstrap(per.to_numpy(), margin.to_numpy())
+                out.append({"steps": steps, "set": "cells (mean fade signal)", "statistic": stat,
+                            "target": "cell margin", **res, "primary": False})
     return pd.DataFrame(out)
 
 
@@ -466,7 +472,7 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
     w = wall_time(runs) if len(runs) else {"runs": 0, "core_seconds": math.nan, "span_seconds": math.nan, "sources": ""}
     lines = ["<!-- written by circuitfade map; rebuilt by `circuitfade map --tables-only` -->",
              "# The removability map", ""]
-    status = (f"{len(runs)} finished runs" + (f" of {expected} in the grid" if expected else "")
+    status = (f"{len(runs)} finished runs" + (f" (the default grid, 3 seeds x 2 tasks x 4 models, has {expected})" if expected else "")
               + f"; {len(cells)} cells. Seeds per cell and path are in the table (n columns).")
     lines += [f"**Status:** {status}", "",
               f"Command: `{command}`" if command else "", "",
@@ -524,7 +530,7 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
                   "exploratory).", ""]
         if tests is not None and len(tests):
             lines += [_md(tests), ""]
-        agg = sig.groupby(["model", "task", "path"], sort=False).agg(
+        agg = sig.groupby(["model", "task", "steps", "path"], sort=False).agg(
             n=("run", "count"), circuit_share=("circuit_share", "mean"), share_ratio=("share_ratio", "mean"),
             circuit_norm=("circuit_norm", "mean"), acc_zero_final=("acc_zero_final", "mean")).reset_index()
         lines += ["Per cell and path (means over seeds):", "", _md(agg), ""]
