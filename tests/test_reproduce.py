@@ -123,6 +123,20 @@ def test_large_controls_configs_and_verdict_column():
     fails = v[v.claim == "forced_zero fails"].iloc[0]
     assert fails["verdict"] == "not reproduced" and fails[R.LARGE_VERDICT] == "reproduced"
     assert v[v.claim == "Markov induction replicates the pattern"].iloc[0][R.LARGE_VERDICT] == "not run"
+    # controls are compared with the fade on Table 2's seeds (0-2), not on all five large seeds
+    more = list(rows)
+    for s in range(3):
+        c = P.run(P.FULL.switch(1050), s, P.FULL, model=P.LARGE)
+        a = 0.75 + 0.01 * (s - 1)  # equal to the large fade of the same seed
+        more.append({"run": run_dir_for("r", c).name, "status": "done", "acc_zero": a, "acc_normal": a,
+                     "acc_param": a, "acc_half": a})
+    for s in (3, 4):
+        c = P.run(fade, s, P.FULL, model=P.LARGE)
+        more.append({"run": run_dir_for("r", c).name, "status": "done", "acc_zero": 0.2, "acc_normal": 0.2,
+                     "acc_param": 0.2, "acc_half": 0.2})
+    v5 = R.verdicts(pd.DataFrame(more), "r", P.FULL, [0, 1, 2], None, large_seeds=range(5))
+    sw = v5[v5.claim == "hard switch at 1050 falls short"].iloc[0][R.LARGE_VALUE]
+    assert "; +0.000 [" in sw  # same seeds on both sides: no difference
     assert list(R.verdicts(pd.DataFrame(rows), "r", P.FULL, [0, 1, 2], None).columns) == [
         "claim", "statistic", "ours (95% interval)", "rule", "verdict"]  # no large seeds: no large columns
 

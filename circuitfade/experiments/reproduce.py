@@ -138,10 +138,13 @@ def _d_str(a: P.Measure, bb: P.Measure, scale: float = 1.0) -> str:
     return "—" if np.isnan(d) else f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
-def _path_claims(results: pd.DataFrame, root, b: P.Budget, seeds, model: dict | None = None) -> list[dict]:
+def _path_claims(results: pd.DataFrame, root, b: P.Budget, seeds, model: dict | None = None,
+                 control_seeds=None) -> list[dict]:
     """The five claims of Tables 1-2 (unforced collapses, forced_zero fails, the fade keeps
     zero-gate accuracy, the hard switch and post hoc continuation fall short) on one model
-    (``model``: RunConfig.model overrides; ``None``: the base model) at ``seeds``."""
+    (``model``: RunConfig.model overrides; ``None``: the base model) at ``seeds``; the two
+    control claims compare with the fade on ``control_seeds`` (default ``seeds``), the seeds
+    Table 2 has, so both sides of a difference come from the same seeds."""
     run = lambda path, s, **kw: P.run(path, s, b, model=model, **kw)  # noqa: E731
     S = list(seeds)
     n_eval = b.eval_size
@@ -167,6 +170,9 @@ def _path_claims(results: pd.DataFrame, root, b: P.Budget, seeds, model: dict | 
         f"{fa_z}; {_d_str(fa_z, fz_z)}", "≥ .60 and difference ≥ .20 (partly: ≥ .60)",
         grade(_all(_ge(fa_z.lo, fa_z.hi, .6), _ge(*_diff(fa_z, fz_z)[1:], .2)), _ge(fa_z.lo, fa_z.hi, .6),
               fa_z.n > 0, _testable(fa_z)))
+    if control_seeds is not None and list(control_seeds) != S:
+        S = list(control_seeds)
+        fa_z = m(fade)
     sw = m(b.switch(1050))
     add(f"hard switch at {b.switch(1050)[7:]} falls short", f"{b.switch(1050)} zero-gate acc; minus fade",
         f"{sw}; {_d_str(sw, fa_z)}", "difference ≤ −.20 (partly: ≤ −.05)",
@@ -272,7 +278,8 @@ def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame
         add("consolidation happens after the gate reaches zero", "—", "—", "—", "not run")
     df = pd.DataFrame(rows)
     if len(list(large_seeds)):
-        large = {r["claim"]: r for r in _path_claims(results, root, b, large_seeds, model=P.LARGE)}
+        ls = list(large_seeds)
+        large = {r["claim"]: r for r in _path_claims(results, root, b, ls, model=P.LARGE, control_seeds=ls[:len(S)])}
         df.insert(3, LARGE_VALUE, [large[c]["ours (95% interval)"] if c in large else "—" for c in df.claim])
         df[LARGE_VERDICT] = [large[c]["verdict"] if c in large else "not run" for c in df.claim]
     return df
