@@ -39,14 +39,14 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from tqdm import tqdm
 
-from circuitfade.analysis.ignition import as_curve, ignition_step
+from circuitfade.analysis.ignition import ignition_step
 from circuitfade.analysis.parts import part_ablation, pool_cells
 from circuitfade.io import read_json, write_json
 from circuitfade.tasks import eval_set, make_task

@@ -578,7 +578,7 @@ def run(*, out: str | Path = "results/alignment", seeds: int = SEEDS, progress: 
         f"verdict:", "", markdown_table(ptab.round(4)), "",
         f"Anneal (from scratch; anneal = `{anneal_schedule(t_hot)}`, constant = T {t_hot:g}, {ANNEAL_STEPS} steps; "
         f"the ramp runs over steps {HOLD}–{HOLD + RAMP}):", "", markdown_table(atab.round(4)), ""]
-        + ([f"**Failed / circuit-less jobs:** " + "; ".join(f"{r.get('kind')} seed {r.get('seed')} "
+        + (["**Failed / circuit-less jobs:** " + "; ".join(f"{r.get('kind')} seed {r.get('seed')} "
                                                            f"{r.get('arm', '')}: {r.get('status')} {r.get('error', '')}"
                                                            for r in failed), ""] if failed else []))
     (out / "anneal.md").write_text(text)

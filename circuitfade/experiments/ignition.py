@@ -439,7 +439,7 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
         "Per share (ignited with exact 95% interval; delay = ignition step - switch, median over igniting runs "
         "with bootstrap 95% interval; predicted_delay = `predict_wait(K, p)`):", "",
         markdown_table(shown.round(4)) if len(shown) else "(no runs)", "",
-        f"Empirical threshold bracket (smallest share with >= half the seeds igniting there and above): "
+        "Empirical threshold bracket (smallest share with >= half the seeds igniting there and above): "
         + ("none" if bracket is None else "(" + ", ".join("—" if x is None else f"{x:g}" for x in bracket) + "]")
         + ".", "",
         f"Follow-up (added after the scan above; see `LONG_SHARES`): shares {list(LONG_SHARES)}, seeds "
@@ -447,7 +447,7 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
         f"{BUDGET}-step twin up to the first budget ({agree}/{len(twins)} agree on igniting within {BUDGET}):", "",
         markdown_table(ltable[shown.columns].round(4)) if len(ltable) else "(no runs)", "",
         markdown_table(v), ""]
-        + ([f"**Failed jobs:** " + "; ".join(f"share {f.get('share')} seed {f.get('seed')}: {f.get('error')}"
+        + (["**Failed jobs:** " + "; ".join(f"share {f.get('share')} seed {f.get('seed')}: {f.get('error')}"
                                              for f in failed), ""] if failed else []))
     (out / "ignition.md").write_text(text)
     return {"table": table, "runs": runs, "verdicts": v, "markdown": text, "failed": failed,

@@ -267,7 +267,6 @@ def occupation_verdicts(pred: dict, measured: int | None, cures: dict, ws: Seque
 
 
 def occupation_figure(margin_w: pd.DataFrame, delays_m: pd.DataFrame, scan: pd.DataFrame, pred: dict, budget: int):
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=(

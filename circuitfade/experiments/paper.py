@@ -22,7 +22,6 @@ from pathlib import Path
 
 import math
 
-import numpy as np
 import pandas as pd
 
 from circuitfade import stats

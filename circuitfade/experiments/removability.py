@@ -48,7 +48,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
