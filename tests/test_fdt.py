@@ -125,3 +125,111 @@ def test_langevin_wrapper_satisfies_the_relation_end_to_end():
     assert s["verdict"] == "consistent", s
     assert abs(s["value"]) < 0.01 * d * T  # the d T term (500) is recovered to 1%
     assert rec.statistic(lr, 0.0)["verdict"] == "violated"  # leaving the noise term out is detected
+
+
+class _TwoGroups(torch.nn.Module):
+    """L = sum k/2 theta^2 + xi . theta with fresh noise xi ~ N(0, sigma_G^2) per group and step:
+    g = k theta + xi, so plain SGD at stationarity has T_G = lr sigma_G^2 / (2 - lr k) (+ T / (1 - lr k / 2)
+    with Langevin noise of temperature T)."""
+
+    def __init__(self, n, var, generator):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(n, generator=generator, dtype=torch.float64) * var[0] ** 0.5)
+        self.b = torch.nn.Parameter(torch.randn(n, generator=generator, dtype=torch.float64) * var[1] ** 0.5)
+
+
+def _run_two_groups(sigma, T, steps=2000, n=1000, k=1.0, lr=0.1, seed=0):
+    from circuitfade.train.langevin import LangevinNoise
+
+    gen = torch.Generator().manual_seed(seed)
+    var = [(lr * s * s + 2 * T) / (k * (2 - lr * k)) for s in sigma]  # the exact stationary variance
+    model = _TwoGroups(n, var, gen)
+    opt = LangevinNoise(torch.optim.SGD(model.parameters(), lr=lr), T, seed=seed + 1000)  # its own stream
+    rec = FDTRecorder(group_of=lambda name: name)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = sum(0.5 * k * (p * p).sum() + (torch.randn(n, generator=gen, dtype=torch.float64) * s * p).sum()
+                   for p, s in zip((model.a, model.b), sigma))
+        loss.backward()
+        rec.record(model)
+        opt.step()
+    return rec
+
+
+def test_equipartition_measures_sgd_noise_temperatures_per_group():
+    from circuitfade.analysis.fdt import equipartition
+
+    lr, k, sigma = 0.1, 1.0, (1.0, 3.0)
+    rec = _run_two_groups(sigma, 0.0)
+    eq = equipartition(rec, lr, start=200, min_coords=500)
+    want = {g: lr * s * s / (2 - lr * k) for g, s in zip("ab", sigma)}  # 0.0526 and 0.474
+    by = {r["group"]: r for r in eq["groups"]}
+    for g in "ab":
+        assert by[g]["lo"] <= want[g] <= by[g]["hi"], (g, by[g], want[g])
+        assert abs(by[g]["T_kin"] / want[g] - 1) < 0.05
+        assert by[g]["d"] == 1000 and abs(by[g]["T_sgd"] / want[g] - 1) < 0.05  # Yaida per group
+    assert eq["hottest"] == "b" and eq["coldest"] == "a" and abs(eq["spread"] / 9.0 - 1) < 0.1
+    with pytest.raises(ValueError, match="fewer than 2 groups"):
+        equipartition(rec, lr, min_coords=5000)
+
+
+def test_equipartition_holds_when_langevin_noise_dominates():
+    from circuitfade.analysis.fdt import equipartition
+
+    lr, k, T = 0.1, 1.0, 1.0
+    rec = _run_two_groups((0.1, 0.3), T)
+    eq = equipartition(rec, lr, T, start=200)
+    for r in eq["groups"]:  # T / (1 - lr k / 2) = 1.053 plus SGD's 0.0005 / 0.0047
+        assert abs(r["T_kin"] / (T / (1 - lr * k / 2)) - 1) < 0.03, r
+    assert eq["spread"] < 1.05
+    with pytest.raises(ValueError, match="no groups"):
+        equipartition(FDTRecorder(), lr)
+
+
+def test_param_family_covers_the_base_model():
+    from circuitfade.experiments.noise import param_family
+    from circuitfade.model import SoftPriorTransformer
+
+    model = SoftPriorTransformer(seed=0)
+    sizes = {}
+    for name, p in model.named_parameters():
+        sizes[param_family(name)] = sizes.get(param_family(name), 0) + p.numel()
+    assert set(sizes) == {"embed", "unembed", "QK", "OV", "prior", "norm"}
+    c = model.cfg
+    assert sizes["QK"] == c.n_layers * 2 * c.n_heads * (c.d_model * c.d_head + c.d_head)  # W_Q, W_K, b_Q, b_K
+    assert sizes["OV"] == sizes["QK"] - c.n_layers * c.n_heads * c.d_head + c.n_layers * c.d_model  # b_O: d_model
+    assert sizes["embed"] == model.cfg.d_vocab * model.cfg.d_model
+    assert sum(sizes.values()) == sum(p.numel() for p in model.parameters())
+
+
+def _g(group, T, half, d=1000):
+    return {"group": group, "d": d, "T_kin": T, "lo": T - half, "hi": T + half}
+
+
+def test_thermal_call_rule():
+    from circuitfade.experiments.noise import thermal_call
+
+    assert thermal_call([_g("a", 1.0, 0.1), _g("b", 2.0, 0.1)]) == "fails"  # 1.9 > 1.5 * 1.1
+    assert thermal_call([_g("a", 1.0, 0.1), _g("b", 1.2, 0.1)]) == "passes"  # 1.3 < 1.5 * 0.9
+    assert thermal_call([_g("a", 1.0, 0.1), _g("b", 1.5, 0.1)]) == "inconclusive"
+    assert thermal_call([_g("a", 1e-9, 1e-8), _g("b", 1.0, 0.1)]) == "fails"  # a group SGD's noise misses
+    assert thermal_call([_g("a", 1e-9, 1e-8), _g("b", 1e-9, 1e-8)]) == "inconclusive"  # lower bound <= 0
+    # a small group is left out: 10 coordinates at 100x do not make a run fail
+    assert thermal_call([_g("a", 1.0, 0.1), _g("b", 1.1, 0.1), _g("c", 100.0, 1.0, d=10)]) == "passes"
+
+
+def test_fdt_verdicts_follow_the_rules():
+    from circuitfade.experiments.noise import fdt_verdicts
+
+    def run(arm, thermal, stationary=True, yaida="consistent"):
+        return {"arm": arm, "status": "done", "thermal": thermal, "stationary": stationary, "spread": 3.0,
+                "spread_without_qk": 2.0, "yaida": {"verdict": yaida, "relative": 0.01}}
+
+    runs = [run("sgd", "fails") for _ in range(4)] + [run("sgd", "inconclusive")]
+    runs += [run("langevin", "passes") for _ in range(3)] + [run("langevin", "fails") for _ in range(2)]
+    v = fdt_verdicts(runs).set_index("claim").verdict.tolist()
+    assert v == ["reproduced", "inconclusive", "holds"]
+    runs[0]["stationary"] = False
+    runs[1]["yaida"] = {"verdict": "violated", "relative": 0.3}
+    runs[5:] = [run("langevin", "fails") for _ in range(5)]
+    assert fdt_verdicts(runs).verdict.tolist() == ["not tested", "not reproduced", "violated"]

@@ -28,12 +28,15 @@ Scale the value by ``rhs`` (returned) to read it as a relative violation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from circuitfade.stats import DEFAULT_LEVEL, batch_means_interval
 
-__all__ = ["FDTRecorder", "displacement_statistic", "fdt_observation", "fdt_statistic"]
+__all__ = ["FDTRecorder", "displacement_statistic", "equipartition", "fdt_observation", "fdt_statistic",
+           "grouped_observation"]
 
 
 def _params(params) -> list[torch.Tensor]:
@@ -45,29 +48,65 @@ def _params(params) -> list[torch.Tensor]:
 def fdt_observation(params) -> tuple[float, float, int]:
     """``(theta . g, |g|^2, d)`` over the parameters (a module or an iterable) that have a gradient now:
     call after ``backward()`` (and after any clipping), before ``optimizer.step()``. Float64 sums."""
-    dot, sq, d = 0.0, 0.0, 0
+    named = params.named_parameters() if isinstance(params, torch.nn.Module) else ((None, p) for p in params)
+    return grouped_observation(named, lambda name: "all").get("all", (0.0, 0.0, 0))
+
+
+def grouped_observation(named_params, group_of: Callable[[str], str | None]) -> dict[str, tuple[float, float, int]]:
+    """:func:`fdt_observation` per group: ``{label: (theta_G . g_G, |g_G|^2, d_G)}`` over ``(name, param)``
+    pairs, ``group_of(name)`` the label of a parameter (``None``: in no group). Parameters without a gradient
+    or with ``requires_grad=False`` are skipped."""
+    out: dict[str, list] = {}
     with torch.no_grad():
-        for p in _params(params):
-            if p.grad is None:
+        for name, p in named_params:
+            if not p.requires_grad or p.grad is None:
+                continue
+            label = group_of(name)
+            if label is None:
                 continue
             g, t = p.grad.detach().double(), p.detach().double()
-            dot += float((t * g).sum())
-            sq += float((g * g).sum())
-            d += p.numel()
-    return dot, sq, d
+            acc = out.setdefault(label, [0.0, 0.0, 0])
+            acc[0] += float((t * g).sum())
+            acc[1] += float((g * g).sum())
+            acc[2] += p.numel()
+    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
 
 class FDTRecorder:
     """Collects :func:`fdt_observation` each step: ``rec.record(model)`` between ``backward`` and ``step``;
-    then ``rec.statistic(lr, temperature=0.0, start=...)``."""
+    then ``rec.statistic(lr, temperature=0.0, start=...)``.
 
-    def __init__(self):
+    ``group_of`` (optional, a function of the parameter name returning a label or ``None``) also records the
+    per-group series (``rec.groups[label] = (dots, sqs)``, ``rec.group_sizes[label] = d_G``; ``record`` then
+    needs a module, for the names) that :func:`equipartition` reads."""
+
+    def __init__(self, group_of: Callable[[str], str | None] | None = None):
         self.theta_dot_grad: list[float] = []
         self.grad_sq: list[float] = []
         self.n_params = 0
+        self.group_of = group_of
+        self.groups: dict[str, tuple[list[float], list[float]]] = {}
+        self.group_sizes: dict[str, int] = {}
 
     def record(self, params) -> None:
-        dot, sq, d = fdt_observation(params)
+        if self.group_of is None:
+            dot, sq, d = fdt_observation(params)
+        else:
+            if not isinstance(params, torch.nn.Module):
+                raise TypeError("FDTRecorder(group_of=...) needs a module (the groups are read from parameter names)")
+            named = list(params.named_parameters())
+            per = grouped_observation(named, self.group_of)
+            dot, sq, d = fdt_observation(p for _, p in named)
+            if self.groups and set(per) != set(self.groups):
+                raise ValueError(f"FDTRecorder: groups {sorted(per)} have a gradient now, {sorted(self.groups)} before")
+            for label, (gd, gs, gn) in per.items():
+                if self.group_sizes.get(label, gn) != gn:
+                    raise ValueError(f"FDTRecorder: group {label!r} has {gn} coordinates now, "
+                                     f"{self.group_sizes[label]} before")
+                self.group_sizes[label] = gn
+                dots, sqs = self.groups.setdefault(label, ([], []))
+                dots.append(gd)
+                sqs.append(gs)
         if self.n_params and d != self.n_params:
             raise ValueError(f"FDTRecorder: {d} coordinates have a gradient now, {self.n_params} before")
         self.theta_dot_grad.append(dot)
@@ -129,3 +168,37 @@ def displacement_statistic(theta_dot_delta, delta_sq, *, n_batches: int = 20,
             "lhs": float(dot[dot.size - bm["n"]:].mean()), "rhs": rhs,
             "relative": bm["mean"] / rhs if rhs else float("nan"), "n": bm["n"], "n_batches": bm["n_batches"],
             "verdict": "consistent" if bm["lo"] <= 0.0 <= bm["hi"] else "violated"}
+
+
+def equipartition(rec: FDTRecorder, lr, temperature=0.0, *, start: int = 0, n_batches: int = 20,
+                  min_coords: int = 500, level: float = DEFAULT_LEVEL) -> dict:
+    """The thermal test (equipartition): per group ``G`` the kinetic temperature ``T_G = <theta_G . g_G> / d_G``.
+
+    If the stationary density is Gibbs, ``p ~ exp(-L / T)`` (weight decay inside ``L``), integrating by parts
+    gives ``E[theta_i dL/dtheta_i] = T`` for *every* coordinate (the virial theorem), so ``T_G`` is the same
+    ``T`` in every group; since ``E[g | theta] = grad L`` the mini-batch gradient may stand in for ``grad L``.
+    This is a property of the stationary law, not of the optimiser: it can be asked of any run at
+    stationarity. For plain SGD at stationarity Yaida's relation holds per group as well, so there
+    ``T_G = (lr / 2) <|g_G|^2> / d_G (+ T)``: the test asks whether SGD's gradient noise is isotropic enough to
+    be a temperature. Returns ``{"groups": [{"group", "d", "T_kin", "lo", "hi", "T_sgd", "fdt_relative",
+    "fdt_verdict"}], "spread": max T_kin / min T_kin over groups with >= min_coords coordinates, "hottest",
+    "coldest"}`` (intervals: batch means over the window ``start:``)."""
+    if not rec.groups:
+        raise ValueError("equipartition: the recorder has no groups (FDTRecorder(group_of=...))")
+    rows = []
+    for label in sorted(rec.groups):
+        dots, sqs = (np.asarray(x, dtype=float)[start:] for x in rec.groups[label])
+        d = rec.group_sizes[label]
+        lr_a = np.broadcast_to(np.asarray(lr, dtype=float), (len(rec),))[start:]
+        t_a = np.broadcast_to(np.asarray(temperature, dtype=float), (len(rec),))[start:]
+        bm = batch_means_interval(dots / d, n_batches=n_batches, level=level)
+        f = fdt_statistic(dots, sqs, lr_a, t_a, n_params=d, n_batches=n_batches, level=level)
+        rows.append({"group": label, "d": d, "T_kin": bm["mean"], "lo": bm["lo"], "hi": bm["hi"],
+                     "T_sgd": float((0.5 * lr_a * sqs).mean() / d), "fdt_relative": f["relative"],
+                     "fdt_verdict": f["verdict"]})
+    big = [r for r in rows if r["d"] >= min_coords]
+    if len(big) < 2:
+        raise ValueError(f"equipartition: fewer than 2 groups with >= {min_coords} coordinates")
+    hot, cold = max(big, key=lambda r: r["T_kin"]), min(big, key=lambda r: r["T_kin"])
+    spread = hot["T_kin"] / cold["T_kin"] if cold["T_kin"] > 0 else float("inf")
+    return {"groups": rows, "spread": float(spread), "hottest": hot["group"], "coldest": cold["group"]}

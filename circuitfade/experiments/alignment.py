@@ -58,7 +58,7 @@ from circuitfade.train.surgery import reinit_heads
 __all__ = ["EXPERIMENTS", "STUDY", "TASK", "base_config", "job_key", "base_job", "reinit_job", "fit_rate",
            "predict_wait", "freeze_constants", "load_constants", "run", "verdicts", "main"]
 
-STANDALONE = ("cure", "precursor", "occupation", "anneal", "ignition")
+STANDALONE = ("cure", "precursor", "occupation", "anneal", "ignition", "fdt")
 """Experiments with their own runs or model (``circuitfade.experiments.<name>.run``); each writes
 ``OUT/<name>.md`` and ``OUT/<name>_verdicts.csv``, which the full report joins."""
 EXPERIMENTS = ("ablation", "waiting", "rate") + STANDALONE
@@ -580,8 +580,14 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         abl.to_csv(out / "part_ablation.csv", index=False)
         series_df = None
         if with_series:
-            series_df = series_ablation(out)
-            series_df.drop(columns=["note"], errors="ignore").to_csv(out / "part_ablation_series.csv", index=False)
+            persisted = out / "part_ablation_series.csv"
+            if persisted.is_file() and not (out / "runs" / "development-series").exists():
+                # the series' checkpoints are not committed; its ablation table is (retraining it under a
+                # later trainer would pick other heads and silently replace the reported numbers)
+                series_df = pd.read_csv(persisted)
+            else:
+                series_df = series_ablation(out)
+                series_df.drop(columns=["note"], errors="ignore").to_csv(persisted, index=False)
         if len(abl):
             mean_rows = abl[abl.method == "mean"]
             pooled = pool_cells(mean_rows, ["k", "seed"])
@@ -713,6 +719,10 @@ def _run_standalone(name: str, *, out: Path, workers: int, progress: bool, png: 
         from circuitfade.experiments.ignition import run as run_ignition
 
         return run_ignition(out=out, workers=workers, progress=progress, png=png)
+    if name == "fdt":  # the fluctuation-dissipation test at stationarity (K = 2, SGD +- Langevin, 5 seeds)
+        from circuitfade.experiments.noise import run as run_fdt
+
+        return run_fdt(out=out, progress=progress, png=png)
     raise ValueError(f"not a standalone experiment: {name!r}")
 
 
@@ -724,7 +734,8 @@ def build_parser(prog: str = "circuitfade alignment") -> argparse.ArgumentParser
     ap.add_argument("--out", default="results/alignment")
     ap.add_argument("--workers", type=int, default=2, help="training processes (one torch thread each)")
     ap.add_argument("--with-series", action="store_true",
-                    help="also ablate the previous-token + induction parts of the local developing series")
+                    help="also ablate the previous-token + induction parts of the local developing series (its "
+                         "table OUT/part_ablation_series.csv is reused when the series run folder is absent)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--no-png", action="store_true", help="write figures as HTML only")
     return ap

@@ -272,9 +272,12 @@ def _acc(model, task, ev) -> float:
     return float(evaluate_batch(model, task, ev)["accuracy"])
 
 
-def _train(model, task, opt, gen, steps: int, ev, restore=None, stop=None) -> tuple[list[int], list[float], float]:
+def _train(model, task, opt, gen, steps: int, ev, restore=None, stop=None, record=None,
+           weight_decay: float = 0.0) -> tuple[list[int], list[float], float]:
     """``steps`` SGD(+noise) steps (gradient norm clipped at CLIP); accuracy on ``ev`` every EVAL_EVERY steps
-    (and at step 0). Returns the curve and the fraction of steps whose gradient was clipped."""
+    (and at step 0). Returns the curve and the fraction of steps whose gradient was clipped. ``record(model)``
+    (optional) is called after clipping, before the step (the gradient the step applies);
+    ``weight_decay`` adds ``(wd / 2) |theta|^2`` to the loss, so that it is inside that gradient."""
     from circuitfade.experiments.alignment import BATCH
     from circuitfade.gating.evaluation import answer_logits
 
@@ -287,12 +290,17 @@ def _train(model, task, opt, gen, steps: int, ev, restore=None, stop=None) -> tu
         b = task.sample(BATCH, gen)
         loss = task.loss(answer_logits(model, b), b)
         opt.zero_grad()
-        loss.backward()
+        if weight_decay:
+            (loss + 0.5 * weight_decay * sum((p * p).sum() for p in model.parameters())).backward()
+        else:
+            loss.backward()
         if not math.isfinite(float(loss.detach())):
             raise FloatingPointError(f"non-finite loss at step {s}")
         if CLIP is not None:
             norm = float(torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], CLIP))
             clipped[0] += norm > CLIP
+        if record is not None:
+            record(model)
         opt.step()
         if restore is not None:
             restore()
