@@ -102,3 +102,22 @@ def test_scan_table_has_delay_intervals_and_damage_medians():
     assert len(fig.data) == 1 + 1 + 3 and list(fig.data[1].y) == [100.0, 300.0]
     empty = cure.scan_table(wdf.assign(status="censored", delay=None)).set_index("w")
     assert empty.ignited.tolist() == [0, 0] and np.isnan(empty.delay_median).all()
+
+
+def test_damage_rows_fall_back_to_the_persisted_table(tmp_path):
+    """Run folders are not committed: a finished withheld job whose folder is gone takes its damage row
+    from cure_damage.csv, and with neither the call fails in one line instead of inventing numbers."""
+    import pandas as pd
+
+    from circuitfade.experiments.cure import _damage_rows
+
+    csv = tmp_path / "cure_damage.csv"
+    pd.DataFrame([{"w": 300, "seed": 1, "ignited": True, "base_loss": 0.25},
+                  {"w": 300, "seed": 2, "ignited": False, "base_loss": 0.5}]).to_csv(csv, index=False)
+    gone = str(tmp_path / "runs" / "withheld-gone")
+    rows = _damage_rows([{"w": 300, "seed": 2, "status": "censored", "run_dir": gone}], csv)
+    assert rows == [{"w": 300, "seed": 2, "ignited": False, "base_loss": 0.5}]
+    with pytest.raises(FileNotFoundError, match="w=600 seed=2"):
+        _damage_rows([{"w": 600, "seed": 2, "status": "censored", "run_dir": gone}], csv)
+    with pytest.raises(FileNotFoundError, match="has no row"):
+        _damage_rows([{"w": 300, "seed": 2, "status": "censored", "run_dir": gone}], tmp_path / "absent.csv")

@@ -547,6 +547,7 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
     from circuitfade.viz.report import markdown_table
 
     names = list(experiments or EXPERIMENTS)
+    called = " ".join(experiments or [])  # for the command line in results.md
     bad = [n for n in names if n not in EXPERIMENTS]
     if bad:
         raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
@@ -678,7 +679,7 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         _save(fig, out / f"fig_{name}", png=png)
     cpu = sum(float(b.get("cpu_s", 0)) for b in base) + (float(reinit.cpu_s.fillna(0).sum()) if reinit is not None else 0.0)
     head = ["# No-partial-credit circuit formation (issue 16, part 1)", "",
-            f"Command: `circuitfade alignment {' '.join(names)} --seeds {seeds} --out {out}"
+            f"Command: `circuitfade alignment {called + ' ' if called else ''}--seeds {seeds} --out {out}"
             + (" --with-series" if with_series else "") + "`.",
             f"Apparatus: kpart, V = {V}, {N_DISTRACTORS} distractor, K in {list(KS)}, pinned one-layer preset "
             f"(K + 2 heads, d_model 32, d_head 8, MLP 64), AdamW lr {LR}, batch {BATCH}; evaluation every "

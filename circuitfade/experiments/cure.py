@@ -148,6 +148,23 @@ def _damage_at_switch(res: Mapping) -> dict:
     return {"w": int(res["w"]), "seed": int(res["seed"]), "ignited": res["status"] == "ignited", **damage(run)}
 
 
+def _damage_rows(results: Sequence[Mapping], persisted: Path) -> list[dict]:
+    """:func:`_damage_at_switch` per withheld run; a run whose directory is gone (run folders are not
+    committed, the finished jobs and ``cure_damage.csv`` are) takes its row from ``persisted``."""
+    old = pd.read_csv(persisted) if persisted.is_file() else None
+    rows = []
+    for r in results:
+        if (Path(r["run_dir"]) / "config.json").is_file():
+            rows.append(_damage_at_switch(r))
+            continue
+        hit = None if old is None else old[(old.w == int(r["w"])) & (old.seed == int(r["seed"]))]
+        if hit is None or len(hit) != 1:
+            raise FileNotFoundError(f"withheld run w={r['w']} seed={r['seed']}: its run folder {r['run_dir']} is "
+                                    f"gone and {persisted} has no row for it (rerun the job with its folder present)")
+        rows.append({k: (v.item() if hasattr(v, "item") else v) for k, v in hit.iloc[0].to_dict().items()})
+    return rows
+
+
 def withheld_job(spec: Mapping, out: str) -> dict:
     """Train base-only for ``W`` steps (checkpoint at ``W``), add the capability, run until ignition or budget."""
     import torch
@@ -338,7 +355,7 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     wdf = pd.DataFrame([{k: v for k, v in r.items() if k != "curve"} for r in wres])
     wdf.to_csv(out / "cure_withheld_runs.csv", index=False)
     failed = [r for r in wres if r.get("status") == "failed"]
-    dmg = pd.DataFrame([_damage_at_switch(r) for r in wres if r.get("status") != "failed"])
+    dmg = pd.DataFrame(_damage_rows([r for r in wres if r.get("status") != "failed"], out / "cure_damage.csv"))
     dmg.to_csv(out / "cure_damage.csv", index=False)
     scan = scan_table(wdf, dmg)
     w_crit = critical_w(scan)

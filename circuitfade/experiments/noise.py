@@ -293,7 +293,9 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
                          "spread_without_qk": r["spread_without_qk"], "hottest": r["hottest"],
                          "coldest": r["coldest"], "thermal": r["thermal"]} for r in done])
     tab.to_csv(out / "fdt_runs.csv", index=False)
-    groups = pd.DataFrame([{"arm": r["arm"], "seed": r["seed"], **g} for r in done for g in r["groups"]])
+    cols = ["arm", "seed", "group", "d", "T_kin", "lo", "hi", "T_sgd", "fdt_relative", "fdt_verdict"]
+    groups = pd.DataFrame([{"arm": r["arm"], "seed": r["seed"], **g} for r in done for g in r["groups"]],
+                          columns=cols)
     groups.to_csv(out / "fdt_groups.csv", index=False)
     _save(fdt_figure(runs), out / "fig_fdt", png=png)
     gmed = (groups.groupby(["arm", "group"], sort=False)

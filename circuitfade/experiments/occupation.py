@@ -299,7 +299,7 @@ def occupation_figure(margin_w: pd.DataFrame, delays_m: pd.DataFrame, scan: pd.D
 def run(*, out: str | Path = "results/alignment", cfg: OccupationConfig = CONFIG, ws: Sequence[int] = WS,
         png: bool = True) -> dict:
     """Predict W* (base margins + planted delays), then measure it (withholding scan) and the two cures."""
-    from circuitfade.viz.plots import save
+    from circuitfade.experiments.alignment import _save
     from circuitfade.viz.report import markdown_table
 
     t0 = time.time()
@@ -342,12 +342,7 @@ def run(*, out: str | Path = "results/alignment", cfg: OccupationConfig = CONFIG
         "delay_median_relative_error": rel_err, "delay_n_w": n_rel,
         "cures": {k: list(v) for k, v in cures.items()}, "seconds": seconds})
     fig = occupation_figure(margin_w, delays_m, scan, pred, cfg.budget)
-    files = [out / "fig_occupation.html"]
-    fig.write_html(files[0], include_plotlyjs="cdn")
-    if png:
-        why = save(fig, out / "fig_occupation.png")
-        if why:
-            print(f"PNG export skipped: {why}")
+    _save(fig, out / "fig_occupation", png=png)  # HTML always; a failed PNG export is reported there
     c = cfg
     md = "\n".join([
         "## Occupation: a controlled gated-attention model of the deadline (issue 17, item 5)", "",
