@@ -16,8 +16,6 @@ import json
 import os
 import sys
 import time
-import types
-import typing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 

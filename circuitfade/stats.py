@@ -250,7 +250,7 @@ def t_cdf(t: float, df: int) -> float:
     """Student-t CDF with ``df`` degrees of freedom (Simpson integration, accurate to ~1e-10)."""
     c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
     n = 4000
-    a, h = abs(t), abs(t) / n
+    h = abs(t) / n
     f = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
     area = h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
     return 0.5 + math.copysign(area, t)

@@ -30,7 +30,7 @@ from circuitfade.analysis import (
     top_heads,
 )
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
-from circuitfade.tasks import AssocRecall, AssocRecallConfig, Batch, Task, eval_set
+from circuitfade.tasks import AssocRecall, AssocRecallConfig, Batch, eval_set
 from circuitfade.tasks.base import IGNORE_INDEX
 from planted import CopyTask, P, V  # tests/planted.py (tests/conftest.py puts tests/ on sys.path)
 

@@ -26,8 +26,7 @@ from circuitfade.analysis.continuation import (
 from circuitfade.analysis.gates import NoGatesError
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.store.series import CheckpointSeries, Snapshot
-from circuitfade.tasks import AssocRecall, AssocRecallConfig, Batch, Task, eval_set
-from circuitfade.tasks.base import IGNORE_INDEX
+from circuitfade.tasks import AssocRecall, AssocRecallConfig, Batch, eval_set
 from planted import CopyTask, P, V  # tests/planted.py (tests/conftest.py puts tests/ on sys.path)
 
 torch.set_num_threads(1)

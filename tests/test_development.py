@@ -29,7 +29,6 @@ from circuitfade.analysis.development import (
     convergence_summary,
     emergence_shape,
     layer_counts,
-    per_head,
     pr_lead_test,
     screen_model,
     screen_series,

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from circuitfade.experiments import static_baselines as sb
-from circuitfade.model import SoftPriorConfig
 from circuitfade.experiments.static_baselines import STATIC_METHODS, method_config
 
 from circuitfade.train.sweep import run_key

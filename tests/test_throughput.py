@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from circuitfade.gating.evaluation import answer_logits, evaluate_batch, evaluate_conditions
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer

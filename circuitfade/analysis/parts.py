@@ -37,7 +37,7 @@ prediction; ``p = P(Binomial(n, 1/2) >= n_below)``; the study's 32 of 32 gives
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd

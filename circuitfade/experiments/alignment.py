@@ -731,7 +731,8 @@ def build_parser(prog: str = "circuitfade alignment") -> argparse.ArgumentParser
     ap = argparse.ArgumentParser(prog=prog, description="No-partial-credit circuit formation: part ablation, "
                                  "waiting times to re-ignition, the rate equation (writes OUT/results.md)")
     ap.add_argument("experiments", nargs="*", help=f"any of {list(EXPERIMENTS)} (default: all)")
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=5, help="seeds of part 1 (ablation, waiting, rate; default 5); "
+                    "the standalone experiments use the seed counts their protocols fix (see each module)")
     ap.add_argument("--out", default="results/alignment")
     ap.add_argument("--workers", type=int, default=2, help="training processes (one torch thread each)")
     ap.add_argument("--with-series", action="store_true",

@@ -55,6 +55,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from circuitfade.analysis.fdt import FDTRecorder, equipartition
@@ -195,10 +196,8 @@ def fdt_job(spec: dict, out: str | None = None) -> dict:
             "thermal": thermal_call(eq["groups"]), "cpu_s": time.process_time() - t0}
 
 
-def fdt_verdicts(runs: list[dict]) -> "pd.DataFrame":
+def fdt_verdicts(runs: list[dict]) -> pd.DataFrame:
     """The three claim rows (module docstring) from the jobs of both arms."""
-    import pandas as pd
-
     rows = []
     for arm, claim, want, other, study in (
             ("sgd", "FDT: SGD's noise fails the fluctuation-dissipation test (equipartition at stationarity)",
@@ -267,8 +266,6 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
         png: bool = True) -> dict:
     """``circuitfade alignment fdt``: both arms x ``seeds``; writes ``OUT/fdt.md``, ``fdt_verdicts.csv``,
     ``fdt_runs.csv``, ``fdt_groups.csv`` and ``fig_fdt``."""
-    import pandas as pd
-
     from circuitfade.experiments.alignment import _save
     from circuitfade.experiments.anneal import CLIP, LR_SGD, _cached
     from circuitfade.viz.report import markdown_table

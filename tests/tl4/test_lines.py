@@ -36,8 +36,7 @@ from circuitfade.analysis.screens import attention_patterns, capability_selectiv
 from circuitfade.analysis.spectra import head_output_pr
 from circuitfade.io import CheckpointError, save_tensors
 from circuitfade.store import attach, load_hf_local, metric, trace
-from circuitfade.tasks import Batch, Task, eval_set
-from circuitfade.tasks.base import IGNORE_INDEX
+from circuitfade.tasks import eval_set
 from planted import CopyTask, P, V  # tests/planted.py (tests/conftest.py puts tests/ on sys.path)
 
 pytestmark = pytest.mark.tl4
