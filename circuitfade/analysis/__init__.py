@@ -16,7 +16,8 @@ tensors or tidy DataFrames (main paper Sections 6 and 9).
   stationarity (:func:`fdt_statistic`).
 """
 
-from circuitfade.analysis.fdt import FDTRecorder, displacement_statistic, fdt_observation, fdt_statistic
+from circuitfade.analysis.fdt import (FDTRecorder, displacement_statistic, equipartition, fdt_observation, fdt_statistic,
+                                      grouped_observation)
 from circuitfade.analysis.gates import (
     PRIOR_LABELS,
     NoGatesError,
@@ -52,7 +53,9 @@ from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, consolidation_time
 __all__ = [
     "FDTRecorder",
     "displacement_statistic",
+    "equipartition",
     "fdt_observation",
+    "grouped_observation",
     "fdt_statistic",
     "ABLATION_IMPORTANCE",
     "ABLATION_LOSS_INCREASE",

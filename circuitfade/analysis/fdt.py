@@ -15,6 +15,11 @@ Which relation, for which optimiser:
   (stationarity of ``|theta|^2``), which tests only stationarity, not a temperature:
   :func:`displacement_statistic`.
 
+* **The thermal test** (:func:`equipartition`, any optimiser): a Gibbs stationary law ``exp(-L / T)`` has
+  ``<theta_i dL/dtheta_i> = T`` for every coordinate, so the per-group kinetic temperature
+  ``<theta_G . g_G> / d_G`` is the same in every parameter group; SGD's anisotropic gradient noise breaks it,
+  dominant Langevin noise restores it.
+
 The statistic is ``O = <o_t>`` over the steps of a window, ``o_t = theta_t . g_t - (lr_t / 2) |g_t|^2 - d T_t``,
 with a batch-means interval (:func:`circuitfade.stats.batch_means_interval`). At stationarity ``O = 0``
 in expectation; a run still descending has ``O > 0`` (``theta . g`` large, ``|theta|^2`` shrinking).
@@ -37,12 +42,6 @@ from circuitfade.stats import DEFAULT_LEVEL, batch_means_interval
 
 __all__ = ["FDTRecorder", "displacement_statistic", "equipartition", "fdt_observation", "fdt_statistic",
            "grouped_observation"]
-
-
-def _params(params) -> list[torch.Tensor]:
-    if isinstance(params, torch.nn.Module):
-        params = params.parameters()
-    return [p for p in params if p.requires_grad]
 
 
 def fdt_observation(params) -> tuple[float, float, int]:
