@@ -57,7 +57,7 @@ from circuitfade.viz.report import markdown_table
 from circuitfade.store import attach, trace
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, eval_set
-from circuitfade.train.loop import CKPT_DIR, RunConfig, TrainConfig, read_metrics
+from circuitfade.train import CKPT_DIR, RunConfig, TrainConfig, read_metrics
 
 ASSETS = Path(__file__).resolve().parent
 RUNS = {"unforced": "unforced", "fade600to0": "fade600->0"}

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from circuitfade.experiments.development import local_run_config
+from circuitfade.train.recipes import local_run_config
 from circuitfade.train import loop
 
 

@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from circuitfade.experiments.static_baselines import step_time_ms
+from studies.paper.static_baselines import step_time_ms
 from circuitfade.model.priors import PRIORS
 
 

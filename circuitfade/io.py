@@ -142,6 +142,13 @@ def read_json(path: str | os.PathLike) -> Any:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
+def content_hash(payload: Any) -> str:
+    """sha256 (hex) of ``payload`` as canonical JSON (sorted keys): the same data, the same hash."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
 def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata=None) -> Path:
     """Save a flat ``name -> tensor`` dict as safetensors, atomically."""
     flat = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}

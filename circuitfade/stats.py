@@ -14,6 +14,8 @@
   Student-t CDF/quantile (:func:`t_cdf`, :func:`t_quantile`, :func:`t_interval`).
 * Means of a correlated time series (e.g. a per-step observable of a training run at
   stationarity): :func:`batch_means_interval` (non-overlapping batch means, Student-t).
+* Medians over seeds: :func:`bootstrap_median`, :func:`bootstrap_median_ratio` (percentile bootstrap).
+* Fits: :func:`nelder_mead` (derivative-free minimiser).
 * Comparing intervals: :func:`compare_intervals` (``"higher"``, ``"lower"`` or
   ``"overlap"``), :func:`difference_interval` (normal interval of ``a - b``).
 
@@ -37,11 +39,14 @@ __all__ = [
     "DEFAULT_RESAMPLES",
     "batch_means_interval",
     "binomial_se",
+    "bootstrap_median",
+    "bootstrap_median_ratio",
     "bootstrap_ratio",
     "bootstrap_weights",
     "compare_intervals",
     "difference_interval",
     "mean_se",
+    "nelder_mead",
     "normal_interval",
     "percentile_interval",
     "proportion_interval",
@@ -355,3 +360,64 @@ def batch_means_interval(values, n_batches: int = 20, level: float = DEFAULT_LEV
     half = _t_half_width_factor(float(_check_level(level)), int(n_batches) - 1) * se
     return {"mean": mean, "se": se, "lo": mean - half, "hi": mean + half, "n": int(used.size),
             "n_batches": int(n_batches), "batch_len": int(m)}
+
+
+# --------------------------------------------------------------------------------------
+# bootstrap of medians, and a derivative-free minimiser (used by the studies' fits)
+# --------------------------------------------------------------------------------------
+def bootstrap_median(x, n: int = 2000, seed: int = 0, level: float = DEFAULT_LEVEL) -> tuple[float, float, float]:
+    """``(median, lo, hi)``: the sample median with a percentile-bootstrap interval (``n`` resamples
+    with replacement, ``numpy.random.default_rng(seed)``). NaNs for an empty sample."""
+    x = np.asarray(x, dtype=float)
+    if len(x) == 0:
+        return (float("nan"),) * 3
+    a = round((1 - _check_level(level)) / 2, 12)
+    b = np.median(np.random.default_rng(seed).choice(x, size=(n, len(x))), axis=1)
+    return float(np.median(x)), float(np.quantile(b, a)), float(np.quantile(b, 1 - a))
+
+
+def bootstrap_median_ratio(a, b, n: int = 4000, seed: int = 0, level: float = DEFAULT_LEVEL) -> tuple[float, float, float]:
+    """``median(a) / median(b)`` with a percentile-bootstrap interval (each sample resampled on its own,
+    from one generator seeded ``seed``). NaNs when either sample is empty."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) == 0 or len(b) == 0:
+        return (float("nan"),) * 3
+    q = round((1 - _check_level(level)) / 2, 12)
+    rng = np.random.default_rng(seed)
+    ra = np.median(rng.choice(a, size=(n, len(a))), axis=1)
+    rb = np.median(rng.choice(b, size=(n, len(b))), axis=1)
+    r = ra / rb
+    return float(np.median(a) / np.median(b)), float(np.quantile(r, q)), float(np.quantile(r, 1 - q))
+
+
+def nelder_mead(f, x0, steps=(1.0, 0.5, 1.0), iters: int = 2000, tol: float = 1e-10) -> tuple[np.ndarray, float]:
+    """Minimise ``f`` from ``x0`` by the Nelder-Mead simplex (reflection 1, expansion 2, contraction
+    and shrink 1/2; initial simplex ``x0 + steps[i] e_i``); stops when the simplex's values span
+    less than ``tol`` or after ``iters`` iterations. Returns ``(x, f(x))`` of the best vertex."""
+    x0 = np.asarray(x0, dtype=float)
+    simplex = [x0] + [x0 + np.eye(len(x0))[i] * steps[i] for i in range(len(x0))]
+    vals = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        simplex, vals = [simplex[i] for i in order], [vals[i] for i in order]
+        if abs(vals[-1] - vals[0]) < tol:
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        xr = centroid + (centroid - simplex[-1])
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = centroid + 2 * (centroid - simplex[-1])
+            fe = f(xe)
+            simplex[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            simplex[-1], vals[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = f(xc)
+            if fc < vals[-1]:
+                simplex[-1], vals[-1] = xc, fc
+            else:
+                simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex[1:]]
+                vals = [vals[0]] + [f(x) for x in simplex[1:]]
+    i = int(np.argmin(vals))
+    return simplex[i], vals[i]

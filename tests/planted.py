@@ -28,3 +28,15 @@ class CopyTask(Task):
         sources = torch.zeros(n, P, P, dtype=torch.bool)
         sources[:, -1, self.src] = True
         return Batch(tokens, targets, mask, sources)
+
+
+def run_study(name: str, argv: list[str]) -> int:
+    """``python -m studies.<name> ARGV`` in this process (one-line errors, exit codes as the command's)."""
+    import importlib
+
+    from studies.common import study_main
+
+    module = {"paper": "studies.paper.cli", "removability": "studies.removability.map",
+              "history": "studies.history.study", "development": "studies.development.study",
+              "alignment": "studies.alignment.report"}[name]
+    return study_main(f"python -m studies.{name}", importlib.import_module(module).main, argv)

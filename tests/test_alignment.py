@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from circuitfade.analysis.ignition import as_curve, ignited_for, ignition_step
-from circuitfade.experiments import alignment as A
+from studies.alignment import apparatus, report
+from studies.alignment import parts as A
 
 torch.set_num_threads(1)
 CHANCE = 1 / 3
@@ -155,16 +156,16 @@ def test_verdict_rules():
 
 
 def test_job_keys_are_stable_and_distinct():
-    a = A.job_key({"kind": "base", "k": 3, "seed": 0})
-    assert a == A.job_key({"seed": 0, "k": 3, "kind": "base"}) and a.startswith("base-k3-s0-")
-    b = A.job_key({"kind": "reinit", "k": 3, "m": 2, "seed": 0, "drive": 2.0, "base": {"kind": "base", "k": 3, "seed": 0}})
+    a = apparatus.job_key({"kind": "base", "k": 3, "seed": 0})
+    assert a == apparatus.job_key({"seed": 0, "k": 3, "kind": "base"}) and a.startswith("base-k3-s0-")
+    b = apparatus.job_key({"kind": "reinit", "k": 3, "m": 2, "seed": 0, "drive": 2.0, "base": {"kind": "base", "k": 3, "seed": 0}})
     assert b.startswith("reinit-k3-m2-s0-d2.0-")
 
 
 def test_cli_rejects_unknown_experiment(tmp_path):
-    from circuitfade.cli import main
+    from studies.common import study_main
 
-    assert main(["alignment", "nonsense", "--out", str(tmp_path)]) == 2
+    assert study_main("python -m studies.alignment", report.main, ["nonsense", "--out", str(tmp_path)]) == 2
 
 
 @pytest.mark.slow
@@ -172,11 +173,11 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
     """K = 2 only, one seed, serial: every stage runs, files appear, finished jobs are reused."""
     monkeypatch.setattr(A, "KS", (2,))
     monkeypatch.setattr(A, "DRIVE_CELLS", ())
-    r = A.run(["ablation", "waiting"], seeds=1, out=tmp_path, workers=1, progress=False, png=False)
+    r = report.run(["ablation", "waiting"], seeds=1, out=tmp_path, workers=1, progress=False, png=False)
     assert (tmp_path / "results.md").is_file() and (tmp_path / "waiting_times.csv").is_file()
     t = pd.read_csv(tmp_path / "waiting_times.csv")
     assert list(t.m) == [1, 2] and (t.ignited == 1).all() and (t.wait_median > 0).all()
     assert (r["reinit"].acc_after_reinit < 0.6).all()  # a re-initialised part leaves ~chance
     mtime = {p.name: p.stat().st_mtime for p in (tmp_path / "jobs").iterdir()}
-    A.run(["waiting"], seeds=1, out=tmp_path, workers=1, progress=False, png=False)
+    report.run(["waiting"], seeds=1, out=tmp_path, workers=1, progress=False, png=False)
     assert {p.name: p.stat().st_mtime for p in (tmp_path / "jobs").iterdir()} == mtime

@@ -5,19 +5,19 @@ import pandas as pd
 import pytest
 import torch
 
-from circuitfade.experiments import anneal
+from studies.alignment import anneal
 from circuitfade.gating.schedules import as_schedule
 
 
 def _model(seed=0):
-    from circuitfade.experiments.alignment import base_config
-    from circuitfade.train.loop import new_run
+    from studies.alignment.apparatus import base_config
+    from circuitfade.train import new_run
 
     return new_run(base_config(anneal.K, seed, 10)).model
 
 
 def _steps(model, groups, restore, n=5, T=1e-2):
-    from circuitfade.experiments.alignment import BATCH
+    from studies.alignment.apparatus import BATCH
     from circuitfade.gating.evaluation import answer_logits
 
     task = model_task()
@@ -33,7 +33,7 @@ def _steps(model, groups, restore, n=5, T=1e-2):
 
 
 def model_task():
-    from circuitfade.experiments.alignment import TASK
+    from studies.alignment.apparatus import TASK
     from circuitfade.tasks import make_task
 
     return make_task(**{**TASK, "k": anneal.K})
@@ -144,7 +144,7 @@ def test_pin_and_anneal_verdict_rules_on_planted_outcomes():
 
 
 def test_anneal_is_a_registered_alignment_experiment():
-    from circuitfade.experiments.alignment import EXPERIMENTS, STANDALONE, build_parser
+    from studies.alignment.report import EXPERIMENTS, STANDALONE, build_parser
 
     assert "anneal" in EXPERIMENTS and "anneal" in STANDALONE  # writes OUT/anneal.md + anneal_verdicts.csv
     assert build_parser().parse_args(["anneal"]).experiments == ["anneal"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from circuitfade.cli import main
-from circuitfade.train.loop import read_metrics
+from circuitfade.train import read_metrics
 
 
 def test_train_writes_a_run(tmp_path, capsys):

@@ -11,7 +11,7 @@ import pytest
 
 import circuitfade.train.loop as training
 from circuitfade.cli import _task_dict, build_parser, main
-from circuitfade.train.loop import RunConfig, TrainConfig, train
+from circuitfade.train import RunConfig, TrainConfig, train
 
 QUICK = ["--steps", "4", "--eval-every", "2", "--checkpoint-every", "2", "--quiet"]
 
@@ -121,21 +121,27 @@ def test_bad_task_args_are_one_line(tmp_path, capsys, arg, words):
     one_line_error(capsys, words)
 
 
-def test_flag_defaults_come_from_train_config(monkeypatch):
-    import dataclasses
+def test_flag_defaults_come_from_train_config():
+    """Unset flags are left to TrainConfig (no default is copied into the parser)."""
+    from circuitfade.cli import _train_kwargs
 
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    monkeypatch.setattr(fields["steps"], "default", 1234)
-    monkeypatch.setattr(fields["eval_every"], "default", 17)
+    names = ("steps", "eval_every", "checkpoint_every", "device")
     ns = build_parser().parse_args(["train"])
-    assert ns.steps == 1234 and ns.eval_every == 17 and ns.checkpoint_every == TrainConfig().checkpoint_every
+    assert TrainConfig(**_train_kwargs(ns, *names)) == TrainConfig()
+    ns = build_parser().parse_args(["train", "--steps", "7", "--eval-every", "7"])
+    assert TrainConfig(**_train_kwargs(ns, *names)) == TrainConfig(steps=7, eval_every=7)
+
+
+def test_local_series_refuses_zero_steps(capsys):
+    assert main(["local-series", "--steps", "0"]) == 2
+    one_line_error(capsys, "--steps")
 
 
 # --------------------------------------------------------------------------------------
 # 10, 12: outputs never overwritten without --force; checked before computing
 # --------------------------------------------------------------------------------------
 def test_screen_refuses_to_overwrite_tables(tiny_run, tmp_path, capsys, monkeypatch):
-    import circuitfade.experiments.development as dev
+    import circuitfade.viz.screens as dev
 
     d = tmp_path / "d"
     d.mkdir()
@@ -147,7 +153,7 @@ def test_screen_refuses_to_overwrite_tables(tiny_run, tmp_path, capsys, monkeypa
 
 
 def test_screen_and_analyze_default_outside_the_source(tiny_run, tmp_path, monkeypatch):
-    import circuitfade.experiments.development as dev
+    import circuitfade.viz.screens as dev
     import circuitfade.viz.report as report
 
     seen = {}
@@ -184,19 +190,31 @@ def test_analyze_checks_the_output_before_tracing(tiny_run, tmp_path, capsys, mo
     assert existing.read_text() == "mine"
 
 
-def test_reproduce_default_out_is_not_the_committed_results(tmp_path, capsys, monkeypatch):
-    import circuitfade.experiments.reproduce as rep
+def _paper(argv):
+    from studies.common import study_main
+    from studies.paper.cli import main as paper_main
+
+    return study_main("python -m studies.paper", paper_main, argv)
+
+
+def test_reproduce_never_overwrites_committed_results_without_force(tmp_path, capsys, monkeypatch):
+    import studies.paper.reproduce as rep
 
     seen = {}
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "results").mkdir()
-    (tmp_path / "results" / "results.md").write_text("committed")
+    (tmp_path / "results" / "paper").mkdir(parents=True)
+    (tmp_path / "results" / "paper" / "results.md").write_text("committed")
     monkeypatch.setattr(rep, "reproduce", lambda *a, **k: seen.update(k) or {"markdown": ""})
-    assert main(["reproduce", "controls", "--tables-only"]) == 0
-    assert Path(seen["out"]) != Path("results")
-    assert main(["reproduce", "controls", "--tables-only", "--out", "results"]) == 2
+    assert _paper(["reproduce", "controls", "--tables-only"]) == 2  # the default OUT holds results
     one_line_error(capsys, "results.md", "--force")
-    seen.clear()
-    assert main(["reproduce", "controls", "--tables-only", "--out", "results", "--force"]) == 0
-    assert Path(seen["out"]) == Path("results")
-    assert (tmp_path / "results" / "results.md").read_text() == "committed"  # (the stub wrote nothing)
+    assert not seen
+    assert _paper(["reproduce", "controls", "--tables-only", "--force"]) == 0
+    assert Path(seen["out"]) == Path("results/paper")
+    assert (tmp_path / "results" / "paper" / "results.md").read_text() == "committed"  # (the stub wrote nothing)
+
+
+def test_reproduce_refuses_a_missing_runs_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _paper(["reproduce", "controls", "--tables-only", "--runs", str(tmp_path / "nope"), "--out", "o"]) == 2
+    one_line_error(capsys, "--runs")
+    assert not (tmp_path / "o").exists()

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 import torch
 
-from circuitfade.experiments import cure
+from studies.alignment import cure
 from circuitfade.stats import binomial_exact_interval
-from circuitfade.train.loop import new_run, train
+from circuitfade.train import new_run, train
 
 
 def test_exact_binomial_interval_known_values():
@@ -109,7 +109,7 @@ def test_damage_rows_fall_back_to_the_persisted_table(tmp_path):
     from cure_damage.csv, and with neither the call fails in one line instead of inventing numbers."""
     import pandas as pd
 
-    from circuitfade.experiments.cure import _damage_rows
+    from studies.alignment.cure import _damage_rows
 
     csv = tmp_path / "cure_damage.csv"
     pd.DataFrame([{"w": 300, "seed": 1, "ignited": True, "base_loss": 0.25},

@@ -1,4 +1,4 @@
-"""Developmental screens over revision series (issue 6).
+"""Developmental screens over revision series.
 
 * :mod:`circuitfade.store.revisions`: revision-name parsing, log-spaced selection, hub series
   with an injected loader (no network), integrity checks on a tiny local GPT-NeoX series
@@ -6,7 +6,7 @@
 * :mod:`circuitfade.analysis.development`: series-level tables on planted screen tables
   with known answers, and ``screen_series`` end to end on the tiny local series;
 * :mod:`circuitfade.tasks.repeats`: targets and repeated spans are where claimed;
-* :mod:`circuitfade.experiments.development`: the CLI on the local series; the
+* :mod:`circuitfade.viz.screens`: the CLI on the local series; the
   tutorial notebook (slow).
 """
 
@@ -451,7 +451,7 @@ def test_bridge_backend_screens_like_hookedtransformer(neox):
 
 
 def test_cli_on_local_series(neox, tmp_path, capsys):
-    from circuitfade.experiments.development import main
+    from circuitfade.viz.screens import main
 
     out = tmp_path / "rep" / "report.html"
     assert main([str(neox), "--out", str(out), "--n", "4", "--quiet"]) == 0
@@ -534,7 +534,8 @@ def test_repeats_score_repeat_and_no_bos_and_validation():
 
 
 def test_run_on_a_small_local_run(tmp_path):
-    from circuitfade.experiments.development import build_local_series, run
+    from circuitfade.train.recipes import build_local_series
+    from circuitfade.viz.screens import run
 
     torch.manual_seed(0)
     run_dir = build_local_series(tmp_path / "run", steps=40, n_checkpoints=3)
@@ -549,8 +550,8 @@ def test_run_on_a_small_local_run(tmp_path):
 
 
 def test_local_run_config_checkpoints():
-    from circuitfade.experiments.development import local_run_config, log_checkpoints
-    from circuitfade.train.loop import checkpoint_steps
+    from circuitfade.train.recipes import local_run_config, log_checkpoints
+    from circuitfade.train import checkpoint_steps
 
     assert log_checkpoints(1000, 4) == (10, 46, 215, 1000)
     cfg = local_run_config(300)

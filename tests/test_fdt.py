@@ -187,7 +187,7 @@ def test_equipartition_holds_when_langevin_noise_dominates():
 
 
 def test_param_family_covers_the_base_model():
-    from circuitfade.experiments.noise import param_family
+    from studies.alignment.fdt import param_family
     from circuitfade.model import SoftPriorTransformer
 
     model = SoftPriorTransformer(seed=0)
@@ -207,7 +207,7 @@ def _g(group, T, half, d=1000):
 
 
 def test_thermal_call_rule():
-    from circuitfade.experiments.noise import thermal_call
+    from studies.alignment.fdt import thermal_call
 
     assert thermal_call([_g("a", 1.0, 0.1), _g("b", 2.0, 0.1)]) == "fails"  # 1.9 > 1.5 * 1.1
     assert thermal_call([_g("a", 1.0, 0.1), _g("b", 1.2, 0.1)]) == "passes"  # 1.3 < 1.5 * 0.9
@@ -219,7 +219,7 @@ def test_thermal_call_rule():
 
 
 def test_fdt_verdicts_follow_the_rules():
-    from circuitfade.experiments.noise import fdt_verdicts
+    from studies.alignment.fdt import fdt_verdicts
 
     def run(arm, thermal, stationary=True, yaida="consistent"):
         return {"arm": arm, "status": "done", "thermal": thermal, "stationary": stationary, "spread": 3.0,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from circuitfade.analysis.patching import mean_replacement, patch_resid, patched_logits, resid_hooks
-from circuitfade.experiments import history
-from circuitfade.experiments.history import (
+from studies.history import study as history
+from studies.history.study import (
     BRANCHES,
     HistoryConfig,
     balanced_plan,
@@ -20,7 +20,7 @@ from circuitfade.experiments.history import (
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.tasks import make_task
 from circuitfade.tasks.ambiguous import AmbiguousBatch, AmbiguousRecall, AmbiguousRecallConfig
-from circuitfade.train.loop import RunConfig, TrainConfig, clone_run, new_run, train
+from circuitfade.train import RunConfig, TrainConfig, clone_run, new_run, train
 
 TINY_MODEL = {**history.MODEL, "d_model": 16, "d_head": 4, "d_mlp": 32, "n_ctx": 17}
 
@@ -265,7 +265,7 @@ def test_tiny_experiment_end_to_end(tmp_path):
 
 def test_summary_and_markdown_read_result_fields():
     # planted per-seed results, no training: the report reads dataclass fields, not packed keys
-    from circuitfade.experiments.history_protocol import Behaviour, Mechanism, SeedResult
+    from studies.history.protocol import Behaviour, Mechanism, SeedResult
 
     import pandas as pd
 

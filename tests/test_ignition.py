@@ -6,7 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from circuitfade.experiments import alignment, ignition as ig
+from studies.alignment import apparatus
+from studies.alignment import parts as alignment
+from studies.alignment import ignition as ig
 
 # A = c * sites * attempts = 1; exp(beta * 3) = 8; delta = 0.01
 PLANTED = {"c": 0.01, "sites": 1.0, "attempts": 100.0, "beta": math.log(2), "delta": 0.01}
@@ -42,7 +44,7 @@ def test_job_spec_gives_the_intended_mix_schedule():
     assert cfg.seed == 3 and cfg.task["k"] == ig.K
     assert [cfg.mix_at(t)["p_capability"] for t in (0, 999, 1000, 1001, 1999)] == [0.0, 0.0, 0.02, 0.02, 0.02]
     specs = ig.ignition_specs()
-    keys = [alignment.job_key(s) for s in specs]
+    keys = [apparatus.job_key(s) for s in specs]
     assert len(set(keys)) == len(keys)  # no job twice
     by = pd.DataFrame(specs).groupby("share").seed.apply(sorted)
     assert by[ig.ABOVE_SHARE] == list(range(ig.ABOVE_SEEDS))
@@ -109,5 +111,5 @@ def test_follow_up_rule_and_specs():
     specs = ig.long_specs()
     assert {(s["share"], s["budget"]) for s in specs} == {(p, ig.LONG_BUDGET) for p in ig.LONG_SHARES}
     assert len(specs) == len(ig.LONG_SHARES) * ig.LONG_SEEDS
-    short = {alignment.job_key(s) for s in ig.ignition_specs()}
-    assert not short & {alignment.job_key(s) for s in specs}  # the follow-up never overwrites a scan job
+    short = {apparatus.job_key(s) for s in ig.ignition_specs()}
+    assert not short & {apparatus.job_key(s) for s in specs}  # the follow-up never overwrites a scan job

@@ -14,7 +14,7 @@ from circuitfade.analysis.parts import normalize_parts, part_ablation, pool_cell
 from circuitfade.store import attach
 from circuitfade.tasks import KPart, KPartConfig, eval_set, make_task
 from circuitfade.tasks.kpart import PIN_PRIOR, conditional_target_table, hand_built_model, kpart_model
-from circuitfade.train.loop import RunConfig, TrainConfig, new_run
+from circuitfade.train import RunConfig, TrainConfig, new_run
 from circuitfade.train.surgery import reinit_heads
 
 torch.set_num_threads(1)
@@ -254,7 +254,7 @@ def test_reinit_destroys_a_part_of_the_hand_built_circuit():
 
 def test_capability_share_is_a_mix_schedule_the_trainer_follows():
     """Drive via the data mix: RunConfig.mix schedules p_capability, so part 2 can set it per step."""
-    from circuitfade.train.loop import fit
+    from circuitfade.train import fit
 
     task = make_task("kpart", k=2, v=3, n_distractors=1)
     cfg = RunConfig(path="unforced", task={"name": "kpart", "k": 2, "v": 3, "n_distractors": 1},

@@ -109,7 +109,7 @@ def test_noise_scale_zero_pins_a_group_and_bad_input_is_refused():
 
 
 def test_anneal_demo_sgd_stays_trapped_and_annealing_escapes():
-    from circuitfade.experiments.noise import anneal_demo
+    from studies.alignment.fdt import anneal_demo
 
     res = anneal_demo(n=300, steps=600, lr=0.01, t_start=0.3, seed=0)
     assert res["sgd"]["deep_well_fraction"] == 0.0  # gradient descent from x = 1 never crosses the barrier

@@ -11,8 +11,8 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "circuitfade"
 
 # lowest first; a module's layer is that of its first dotted component below circuitfade
-LAYERS = ["io", "stats", "compat", "model", "tasks", "gating", "train", "store", "analysis", "viz",
-          "experiments", "cli", "__main__"]
+LAYERS = ["io", "stats", "claims", "compat", "model", "tasks", "gating", "train", "store", "analysis", "viz",
+          "cli", "__main__"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 # same-rank groups (layers that may not import each other at all)
 PEERS: set[frozenset] = set()
@@ -39,7 +39,7 @@ def _imports(name: str, path: Path):
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.startswith("circuitfade"):
+                if a.name.startswith(("circuitfade", "studies")):
                     yield node.lineno, a.name
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -48,6 +48,9 @@ def _imports(name: str, path: Path):
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
+            if mod.split(".")[0] == "studies":
+                yield node.lineno, mod  # never allowed: reported by _violations
+                continue
             if not mod.startswith("circuitfade"):
                 continue
             if mod == "circuitfade":  # `from circuitfade import x`: x is the layer
@@ -64,6 +67,9 @@ def _violations():
         if src == "__init__":
             continue
         for lineno, mod in _imports(name, path):
+            if mod.split(".")[0] == "studies":
+                out.append(f"{path.relative_to(PKG.parent)}:{lineno}: the library imports a study ({mod})")
+                continue
             dst = _layer(mod)
             if dst in ("__init__", "__version__"):
                 continue
@@ -94,3 +100,15 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "PKG", tmp_path / "circuitfade")
     bad = _violations()
     assert len(bad) == 1 and "model imports higher layer circuitfade.analysis" in bad[0]
+
+
+def test_the_checker_sees_a_study_import(tmp_path, monkeypatch):
+    # planted: a library module importing a study (beside the package) must be reported
+    fake = tmp_path / "circuitfade" / "viz"
+    fake.mkdir(parents=True)
+    (tmp_path / "circuitfade" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "bad.py").write_text("def f():\n    from studies.paper import protocol\n")
+    monkeypatch.setattr(__import__(__name__), "PKG", tmp_path / "circuitfade")
+    bad = _violations()
+    assert len(bad) == 1 and "imports a study (studies.paper)" in bad[0]

@@ -1,4 +1,4 @@
-"""The controlled occupation model (issue 17, item 5): its symmetry claim, the planted states, the
+"""The controlled occupation model: its symmetry claim, the planted states, the
 prediction rule and the verdict rules, on cases with known answers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from circuitfade.experiments import occupation as O
+from studies.alignment import occupation as O
 
 QUIET = replace(O.CONFIG, init_sd=0.0, T=0.0, seeds=2)
 

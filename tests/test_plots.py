@@ -21,7 +21,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from circuitfade.viz import plots
 from circuitfade.viz.report import analyze, analyze_main, markdown_table
 from circuitfade.tasks import make_task
-from circuitfade.train.loop import RunConfig, TrainConfig, train
+from circuitfade.train import RunConfig, TrainConfig, train
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""Precursors and the crossing predictor (issue 17, item 2): planted models and curves with known answers."""
+"""Precursors and the crossing predictor: planted models and curves with known answers."""
 
 import math
 
@@ -11,7 +11,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from circuitfade.analysis.precursor import (activation_alignment, combine_parts, crossing_step, fit_crossing,
                                             label_alignment, median_interval, predict_crossing, relative_errors,
                                             source_attention)
-from circuitfade.experiments import precursor as P
+from studies.alignment import precursor as P
 from circuitfade.tasks import make_task
 from circuitfade.tasks.kpart import hand_built_model
 
@@ -195,11 +195,12 @@ def test_frozen_predictor_round_trip_and_tamper_check(tmp_path):
 
 
 def test_precursor_job_logs_every_evaluation_and_reports_censoring(tmp_path):
-    from circuitfade.experiments.alignment import EXPERIMENTS, _worker
+    from studies.alignment.apparatus import run_cached_jobs
+    from studies.alignment.report import EXPERIMENTS
 
     assert "precursor" in EXPERIMENTS
     spec = {"kind": "precursor", "k": P.K, "seed": 0, "drive": 1.0, "every": P.EVERY, "cap": 20}
-    res = _worker("precursor", spec, str(tmp_path))  # through alignment's job dispatch
+    res = run_cached_jobs(P.precursor_job, [spec], tmp_path)[0]  # through the study's cached job runner
     assert res["status"] == "censored" and res["ignition"] is None and res["final_step"] == 20
     c = res["curves"]
     assert c["step"] == [0, 5, 10, 15, 20]

@@ -16,7 +16,7 @@ import torch
 
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.model.zoo import alibi_slopes, t5_bucket
-from circuitfade.experiments.static_baselines import STATIC_METHODS, method_config
+from studies.paper.static_baselines import STATIC_METHODS, method_config
 from circuitfade.model.priors import PRIORS, PriorInputs, build_prior
 
 

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import circuitfade.train.checkpoints as checkpoints
+import circuitfade.train.lock as locking
 import circuitfade.train.loop as training
 from circuitfade.io import CheckpointError, atomic_write, load_tensors
-from circuitfade.train.loop import (
+from circuitfade.train import (
     RunConfig,
     TrainConfig,
     TrainingDiverged,
@@ -276,15 +278,15 @@ def test_lock_is_never_visible_without_its_owner(tmp_path, monkeypatch, stale):
         seen["content"] = lock.read_text()
         fake.pretend = os.getppid()  # a live process that is not us
         try:
-            with training._run_lock(d):
+            with locking.run_lock(d):
                 seen["competitor"] = "ACQUIRED"
         except RuntimeError as e:
             seen["competitor"] = f"REFUSED {e}"
         finally:
             fake.pretend = None
 
-    monkeypatch.setattr(training, "os", fake)
-    with training._run_lock(d):
+    monkeypatch.setattr(locking, "os", fake)
+    with locking.run_lock(d):
         assert lock.read_text() == str(os.getpid())
     assert seen, "the window was never reached"
     assert seen["content"] == str(os.getpid())
@@ -337,8 +339,9 @@ def test_finished_run_rerequested_without_writing(tmp_path, monkeypatch):
     def read_only(*a, **k):
         raise OSError(30, "Read-only file system", str(d / ".lock"))
 
-    monkeypatch.setattr(training, "_run_lock", read_only)
-    monkeypatch.setattr(training, "atomic_write", read_only)
+    monkeypatch.setattr(training, "run_lock", read_only)
+    monkeypatch.setattr(training, "write_json", read_only)
+    monkeypatch.setattr(checkpoints, "atomic_write", read_only)
     run = train(cfg(steps=5), d, progress=False)
     assert run.step == 5 and run.metrics[-1]["step"] == 5
 
@@ -373,20 +376,20 @@ def test_old_in_memory_step_function_call_still_works():
 # --------------------------------------------------------------------------------------
 # 9. a dead worker
 # --------------------------------------------------------------------------------------
-def die_on_seed_13(config: dict, run_dir: str) -> dict:
+def die_on_seed_13(job: tuple[dict, str]) -> dict:
     """Sweep worker that is killed (like an OOM kill) for seed 13 and trains the rest."""
     from circuitfade.train.sweep import execute
 
-    if config["seed"] == 13:
+    if job[0]["seed"] == 13:
         os.kill(os.getpid(), signal.SIGKILL)
-    return execute(config, run_dir)
+    return execute(*job)
 
 
 @pytest.mark.slow
 def test_sweep_survives_a_killed_worker(tmp_path, monkeypatch):
     import circuitfade.train.sweep as sweep
 
-    monkeypatch.setattr(sweep, "execute", die_on_seed_13)
+    monkeypatch.setattr(sweep, "execute_job", die_on_seed_13)
     cfgs = [cfg(steps=2, seed=s) for s in (13, 1, 2)]
     res = sweep.run_sweep(cfgs, tmp_path, workers=2, progress=False)
     assert list(res.seed) == [13, 1, 2]

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import torch
 
-from circuitfade import cli
-from circuitfade.experiments import removability as R
+from planted import run_study
+from studies.removability import map as R
 from circuitfade.io import save_tensors, write_json
 from circuitfade.model import SoftPriorTransformer
-from circuitfade.train.loop import RunConfig, TrainConfig
+from circuitfade.train import RunConfig, TrainConfig
 from circuitfade.train.sweep import run_key
 
 torch.set_num_threads(1)
@@ -37,7 +37,7 @@ def test_grid_configs_and_cell_of_round_trip():
     assert R.cell_of(RunConfig(path="unforced", model={"n_layers": 3})) is None
     assert R.cell_of(RunConfig(path="unforced", train=TrainConfig(steps=10800))) == R.Cell("L2 d64", "recall (default)", 10800)
     # the large default cell is the paper module's large model: one run, trained once
-    from circuitfade.experiments.paper import LARGE
+    from studies.paper.protocol import LARGE
 
     assert run_key(R.Cell("L4 d128", "recall (default)").config("fade600->0", 1)) == run_key(
         RunConfig(path="fade600->0", model=dict(LARGE), seed=1))
@@ -188,15 +188,15 @@ def test_outputs_not_overwritten_without_force(planted_root, tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "results.md").write_text("my notes\n")
-    args = ["map", "--tables-only", "--runs", str(planted_root), "--out", str(out), "--no-figure"]
-    assert cli.main(args) == 2
+    args = ["--tables-only", "--runs", str(planted_root), "--out", str(out), "--no-figure"]
+    assert run_study("removability", args) == 2
     assert (out / "results.md").read_text() == "my notes\n"
-    assert cli.main(args + ["--force"]) == 0
-    assert (out / "results.md").read_text().startswith("<!-- written by circuitfade map")
+    assert run_study("removability", args + ["--force"]) == 0
+    assert (out / "results.md").read_text().startswith("<!-- written by python -m studies.removability")
 
 
 def test_figure_values_and_hover(planted_root, tmp_path):
-    from circuitfade.viz.map import map_figure
+    from studies.removability.figures import map_figure
 
     R.persist([planted_root], tmp_path / "p")
     runs, _ = R.collect(tmp_path / "p")
@@ -260,9 +260,9 @@ def test_separation_of_cells_by_signal():
 
 @pytest.mark.slow
 def test_map_command_trains_a_tiny_cell(tmp_path):
-    args = ["map", "--models", "L2 d64", "--tasks", "recall (default)", "--seeds", "0", "--steps", "30",
+    args = ["--models", "L2 d64", "--tasks", "recall (default)", "--seeds", "0", "--steps", "30",
             "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "map"), "--workers", "1", "--no-figure"]
-    assert cli.main(args) == 0
+    assert run_study("removability", args) == 0
     runs = pd.read_csv(tmp_path / "map" / "map.csv")
     assert sorted(runs.path) == ["fade600->0", "forced_zero", "unforced"] and set(runs.steps) == {30}
     assert set(runs.seconds_source) == {"sweep"}

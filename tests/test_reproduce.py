@@ -7,9 +7,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import circuitfade.experiments.paper as P
-from circuitfade.cli import main
-from circuitfade.experiments.reproduce import EXPERIMENTS
+import studies.paper.protocol as P
+from planted import run_study
+from studies.paper.reproduce import EXPERIMENTS
 from circuitfade.train.sweep import run_key
 
 TINY = P.Budget(36, "quick", eval_size=32)
@@ -46,7 +46,7 @@ def test_experiments_share_runs():
 @pytest.mark.slow
 def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(P, "QUICK", TINY)
-    rc = main(["reproduce", "controls", "--seeds", "1", "--quick", "--executor", "serial", "--out", str(tmp_path),
+    rc = run_study("paper", ["reproduce", "controls", "--seeds", "1", "--quick", "--executor", "serial", "--out", str(tmp_path),
                "--large-seeds", "0"])
     assert rc == 0
     md = (tmp_path / "results.md").read_text()
@@ -74,10 +74,12 @@ def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
 def test_verdicts_compare_intervals_and_report_untestable_claims():
     import math
 
-    from circuitfade.experiments import reproduce as R
+    from studies.paper import reproduce as R
 
-    assert R._le(0.1, 0.19, 0.2) is True and R._le(0.21, 0.3, 0.2) is False and R._le(0.1, 0.3, 0.2) is None
-    assert R._ge(0.61, 0.7, 0.6) is True and R._ge(0.5, 0.59, 0.6) is False and R._ge(0.5, 0.7, 0.6) is None
+    from circuitfade.claims import at_least, at_most
+
+    assert at_most(0.1, 0.19, 0.2) is True and at_most(0.21, 0.3, 0.2) is False and at_most(0.1, 0.3, 0.2) is None
+    assert at_least(0.61, 0.7, 0.6) is True and at_least(0.5, 0.59, 0.6) is False and at_least(0.5, 0.7, 0.6) is None
     assert R.grade(True, True, True) == "reproduced"
     assert R.grade(False, True, True) == "partly" and R.grade(None, True, True) == "partly (full rule undecided)"
     assert R.grade(False, False, True) == "not reproduced" and R.grade(None, False, True) == "inconclusive"
@@ -93,7 +95,7 @@ def test_large_controls_configs_and_verdict_column():
     """Table 2 on the large model: the same paths (posthoc a child of the large unforced run) at
     min(large_seeds, base seeds) seeds; the verdicts grade Tables 1-2's claims again on the large
     model, by the same rules, from planted final accuracies."""
-    from circuitfade.experiments import reproduce as R
+    from studies.paper import reproduce as R
     from circuitfade.train.sweep import run_dir_for
 
     base = P.controls_configs([0, 1, 2], "r", P.FULL)
@@ -142,6 +144,6 @@ def test_large_controls_configs_and_verdict_column():
 
 
 def test_unknown_experiment_is_an_error(tmp_path, capsys):
-    assert main(["reproduce", "nonsense", "--out", str(tmp_path)]) == 2
+    assert run_study("paper", ["reproduce", "nonsense", "--out", str(tmp_path)]) == 2
     assert "unknown experiment" in capsys.readouterr().err
     assert set(EXPERIMENTS) >= {"paths", "controls", "mechanism", "format"}

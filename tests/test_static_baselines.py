@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from circuitfade.experiments import static_baselines as sb
-from circuitfade.experiments.static_baselines import STATIC_METHODS, method_config
+from studies.paper import static_baselines as sb
+from studies.paper.static_baselines import STATIC_METHODS, method_config
 
 from circuitfade.train.sweep import run_key
-from circuitfade.train.loop import RunConfig, TrainConfig, train
+from circuitfade.train import RunConfig, TrainConfig, train
 
 TC = TrainConfig(steps=10, eval_every=5, eval_size=32, batch_size=8, checkpoint_every=10)
 FIXED = {"alibi", "learned_rpe", "dape", "cope", "fire", "kerple"}
@@ -146,15 +146,15 @@ def test_main_writes_results(tmp_path, monkeypatch, capsys):
     assert set(csv.method) == {"nope"} and "acc_normal" in set(csv.metric)
 
 
-def test_static_is_a_circuitfade_subcommand(tmp_path, monkeypatch, capsys):
-    from circuitfade.cli import main as cli_main
+def test_static_is_a_paper_study_command(tmp_path, monkeypatch, capsys):
+    from planted import run_study
 
     with pytest.raises(SystemExit) as e:
-        cli_main(["static", "--help"])
+        run_study("paper", ["static", "--help"])
     assert e.value.code == 0
-    assert "circuitfade static" in (out := capsys.readouterr().out) and "--fade-priors" in out
+    assert "python -m studies.paper static" in (out := capsys.readouterr().out) and "--fade-priors" in out
     monkeypatch.setattr(sb, "QUICK_TRAIN", TC)
-    rc = cli_main(["static", "--seeds", "1", "--out", str(tmp_path), "--quick", "--tasks", "assoc", "--methods",
+    rc = run_study("paper", ["static", "--seeds", "1", "--out", str(tmp_path), "--quick", "--tasks", "assoc", "--methods",
                    "nope", "--fade-priors", "--executor", "serial", "--no-progress"])
     assert rc == 0 and "| NoPE | NoPE |" in (tmp_path / "results.md").read_text()
     assert set(pd.read_csv(tmp_path / "static_baselines.csv").method) == {"nope"}

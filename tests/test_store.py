@@ -26,7 +26,7 @@ from circuitfade.store import (
     open_run,
     trace,
 )
-from circuitfade.train.loop import RunConfig, TrainConfig, read_metrics, train
+from circuitfade.train import RunConfig, TrainConfig, read_metrics, train
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import torch
 
 from circuitfade.io import load_tensors
 from circuitfade.train.sweep import child_of, run_dir_for, run_key, run_sweep
-from circuitfade.train.loop import RunConfig, TrainConfig
+from circuitfade.train import RunConfig, TrainConfig
 
 TC = TrainConfig(steps=10, eval_every=5, checkpoint_every=5, eval_size=32, batch_size=8)
 
@@ -42,7 +42,7 @@ def test_run_key_pinned(cfg, key):
 
 
 def test_run_config_parses_specs_once(monkeypatch):
-    import circuitfade.train.loop as loop
+    import circuitfade.train.config as loop
 
     cfg = RunConfig(path="fade600->0", task={"name": "ambiguous"}, mix={"p_icl": "linear0.2->0.8@0:100"})
     monkeypatch.setattr(loop, "parse_schedule", lambda *a, **k: pytest.fail("re-parsed a mix spec"))

@@ -173,7 +173,7 @@ def test_attn_scale_is_a_python_float():
 # devices
 # --------------------------------------------------------------------------------------
 from circuitfade.model.devices import resolve_device  # noqa: E402
-from circuitfade.train.loop import RunConfig, TrainConfig, train  # noqa: E402
+from circuitfade.train import RunConfig, TrainConfig, train  # noqa: E402
 from circuitfade.train.sweep import run_key  # noqa: E402
 
 
@@ -277,13 +277,13 @@ def test_trainer_uses_fused_adamw_and_old_checkpoints_resume_with_their_own_opti
     """New runs step with fused AdamW; a checkpoint written by the non-fused optimizer of the
     previous release resumes with that implementation (its param_groups say so), so it
     continues exactly as it started."""
-    from circuitfade.train.loop import _optimizer_from_tensors, _optimizer_to_tensors, new_run
+    from circuitfade.train.state import new_run, optimizer_from_tensors, optimizer_to_tensors
 
     run = new_run(RunConfig(train=TrainConfig(steps=2)))
     assert run.optimizer.param_groups[0]["fused"] is True
     old = torch.optim.AdamW(list(run.model.parameters()), lr=1e-3, weight_decay=0.01)  # previous release's
-    tensors, meta = _optimizer_to_tensors(old)
-    _optimizer_from_tensors(run.optimizer, tensors, meta)
+    tensors, meta = optimizer_to_tensors(old)
+    optimizer_from_tensors(run.optimizer, tensors, meta)
     assert run.optimizer.param_groups[0]["fused"] is None
 
 
@@ -312,7 +312,8 @@ def test_gate_buffers_follow_the_schedule_when_unchanged_values_are_not_rewritte
     """Gates are rewritten only when the scheduled value changes; the buffers still hold the
     path's value at every step (planted: fade4+3->0 is 0.5 to step 4, then 1/3, 1/6, 0)."""
     from circuitfade.model import SoftPriorTransformer
-    from circuitfade.train.loop import RunConfig, TrainConfig, _set_gates_for_step
+    from circuitfade.train import RunConfig, TrainConfig
+    from circuitfade.train.loop import _set_gates_for_step
 
     cfg = RunConfig(path="fade4+3->0", task={"name": "assoc"}, model={}, train=TrainConfig(steps=12), seed=0)
     model = SoftPriorTransformer(cfg.model_config())

@@ -10,7 +10,7 @@ import torch
 
 import circuitfade.train.loop as training
 from circuitfade.io import CheckpointError, load_tensors
-from circuitfade.train.loop import RunConfig, TrainConfig, branch, complete_checkpoints, read_metrics, train
+from circuitfade.train import RunConfig, TrainConfig, branch, complete_checkpoints, read_metrics, train
 
 SMALL = dict(steps=40, eval_every=10, checkpoint_every=10, eval_size=64, batch_size=16)
 
@@ -174,7 +174,7 @@ def test_mix_schedule_reaches_task_sample(monkeypatch):
 
 
 def test_clone_run_then_one_step_each_is_identical():
-    from circuitfade.train.loop import clone_run, new_run
+    from circuitfade.train import clone_run, new_run
 
     a = train(cfg(path="unforced", steps=5), None, progress=False)
     b = clone_run(a)

@@ -41,7 +41,7 @@ from circuitfade.tasks import (
     make_task,
     parse_task_args,
 )
-from circuitfade.train.loop import read_metrics
+from circuitfade.train import TrainConfig, read_metrics
 
 torch.set_num_threads(1)
 SERIES = Path(__file__).resolve().parents[1] / "assets" / "series"
@@ -66,7 +66,7 @@ def test_binomial_and_wilson_known_values():
 
 
 def test_t_interval_moved_to_stats_is_the_one_history_uses():
-    from circuitfade.experiments import history
+    from studies.history import study as history
 
     assert history.t_interval is stats.t_interval
     m, lo, hi = stats.t_interval([1, 2, 3, 4, 5])
@@ -274,7 +274,7 @@ def test_one_convention_defined_once():
     assert eval_label() == "eval: 512 examples, seed 1000003"
     from circuitfade.train import loop
 
-    assert loop.EVAL_SEED == EVAL_SEED and loop.TrainConfig().eval_size == EVAL_SIZE
+    assert loop.EVAL_SEED == EVAL_SEED and TrainConfig().eval_size == EVAL_SIZE
     assert make_task("linreg").primary_metric.name == "mse" and make_task("linreg").primary_metric.direction == "lower"
     pm = make_task("assoc").primary_metric
     assert (pm.name, pm.key("zero"), pm.direction, pm.chance) == ("accuracy", "acc_zero", "higher", 1 / 16)
@@ -284,20 +284,20 @@ def test_the_eval_convention_is_not_part_of_run_identity():
     """The shipped series keeps its cache key: the eval seed/size convention lives outside RunConfig."""
     import json
 
-    from circuitfade.train.loop import RunConfig
+    from circuitfade.train import RunConfig
     from circuitfade.train.sweep import run_key
 
     cfg = RunConfig.from_dict(json.loads((SERIES / "fade600to0" / "config.json").read_text()))
-    assert run_key(cfg) == "assoc-fade600to0-s0-78ea2186"  # the folder name in results/results_runs.csv
+    assert run_key(cfg) == "assoc-fade600to0-s0-78ea2186"  # the folder name in results/paper/results_runs.csv
 
 
 def test_tables_only_rebuilds_from_the_recorded_csv(tmp_path):
-    """No run folders, only results/results_runs.csv: the tables and verdicts are rebuilt from it."""
+    """No run folders, only results/paper/results_runs.csv: the tables and verdicts are rebuilt from it."""
     import shutil
 
-    from circuitfade.experiments.reproduce import reproduce
+    from studies.paper.reproduce import reproduce
 
-    shutil.copy(Path(__file__).resolve().parents[1] / "results" / "results_runs.csv", tmp_path / "results_runs.csv")
+    shutil.copy(Path(__file__).resolve().parents[1] / "results" / "paper" / "results_runs.csv", tmp_path / "results_runs.csv")
     res = reproduce(["controls"], seeds=3, out=tmp_path, train=False, progress=False, large_seeds=0)
     md = res["markdown"]
     assert "18 from the recorded results_runs.csv (folders gone), 0 not trained" in md

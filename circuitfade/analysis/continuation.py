@@ -43,9 +43,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from circuitfade.analysis.heads import _check_batch, _gates_context, head_label, mean_ablation_importance
+from circuitfade.analysis.heads import check_batch, gates_context, head_label, mean_ablation_importance
 from circuitfade.tasks import Batch, Task, eval_set
-from circuitfade.train.loop import EVAL_SEED
+from circuitfade.train import EVAL_SEED
 
 __all__ = [
     "HEAD_PARAMS",
@@ -122,14 +122,14 @@ def head_gradient_norms(
     """
     if not isinstance(task, Task):
         raise ValueError(f"task: expected a circuitfade.tasks.Task, got {type(task).__name__}")
-    batch = _check_batch(model, batch)
+    batch = check_batch(model, batch)
     params = backbone_parameters(model)
     slices = head_slices(model)
     names = list(params)
     was_training = model.training
     model.eval()
     try:
-        with torch.enable_grad(), _gates_context(model, gates):
+        with torch.enable_grad(), gates_context(model, gates):
             loss = task.loss(model(batch.model_input), batch)
             if not torch.isfinite(loss):
                 raise ValueError(f"loss is not finite ({float(loss)}); cannot take its gradient")

@@ -1,6 +1,6 @@
 """Developmental screens: head classes, their emergence and PR leads over a revision series.
 
-The developmental-trajectory paper (issue 6) screens every head of a model at a
+The developmental-trajectory paper ("When Do Attention Circuits Form?") screens every head of a model at a
 handful of log-spaced training revisions and asks *when* circuits form.
 :func:`screen_series` runs the all-head screen of
 :mod:`~circuitfade.analysis.screens` (induction, previous-token and BOS-attractor

@@ -61,7 +61,7 @@ resamples (resample ``r`` is one coherent alternative evaluation set)."""
 
 
 # ---------------------------------------------------------------------------- checks
-def _check_model(model, hook: str) -> tuple[int, int]:
+def check_model(model, hook: str) -> tuple[int, int]:
     cfg = getattr(model, "cfg", None)
     hook_dict = getattr(model, "hook_dict", None)
     if cfg is None or hook_dict is None:
@@ -74,7 +74,7 @@ def _check_model(model, hook: str) -> tuple[int, int]:
     return cfg.n_layers, cfg.n_heads
 
 
-def _check_batch(model, batch: Batch) -> Batch:
+def check_batch(model, batch: Batch) -> Batch:
     if not isinstance(batch, Batch):
         raise ValueError(f"batch: expected a circuitfade.tasks.Batch, got {type(batch).__name__}")
     if batch.n_answers == 0:
@@ -85,7 +85,7 @@ def _check_batch(model, batch: Batch) -> Batch:
     return batch.to(device) if batch.device != device else batch
 
 
-def _gates_context(model, gates: str | Mapping | None):
+def gates_context(model, gates: str | Mapping | None):
     """``gate_condition(model, gates)``; :class:`NoGatesError` pointing plain models at ``gates=None``."""
     if gates not in (None, "normal") and not has_gates(model):
         raise NoGatesError(
@@ -99,7 +99,7 @@ def _gates_context(model, gates: str | Mapping | None):
 def _inference(model, gates) -> Iterator[None]:
     """Eval mode, no grad and the gate condition; restores train/eval mode on exit."""
     was_training = model.training
-    ctx = _gates_context(model, gates)
+    ctx = gates_context(model, gates)
     model.eval()
     try:
         with torch.no_grad(), ctx:
@@ -129,8 +129,8 @@ def _successor_sums(model, batch: Batch, gates) -> tuple[Tensor, Tensor]:
     (NaN where a head's pattern at an answer position was not a distribution: a
     non-finite model, whose NaN pattern TransformerLens zeroes before the hook), and the
     per-example answer counts ``[batch]``."""
-    n_layers, n_heads = _check_model(model, "hook_pattern")
-    batch = _check_batch(model, batch)
+    n_layers, n_heads = check_model(model, "hook_pattern")
+    batch = check_batch(model, batch)
     sums = torch.full((len(batch), n_layers, n_heads), float("nan"), dtype=torch.float64)
     fired = [False] * n_layers
 
@@ -269,8 +269,8 @@ def _scores(task: Task, logits: Tensor, batch: Batch) -> tuple[float, float, np.
 
 def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[dict], dict]:
     """Rows of :func:`mean_ablation_importance` and the per-example arrays its intervals need."""
-    n_layers, n_heads = _check_model(model, "hook_z")
-    batch = _check_batch(model, batch)
+    n_layers, n_heads = check_model(model, "hook_z")
+    batch = check_batch(model, batch)
     if not isinstance(task, Task):
         raise ValueError(f"task: expected a circuitfade.tasks.Task, got {type(task).__name__}")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):

@@ -1,6 +1,6 @@
 """Part ablation: how much of a capability survives when one part of its circuit is removed.
 
-The no-partial-credit test (issue 16). A circuit has ``K`` parts (heads, or groups of
+The no-partial-credit test. A circuit has ``K`` parts (heads, or groups of
 heads). *Partial credit* predicts that removing one part leaves ``(K-1)/K`` of the
 capability; *no partial credit* (the conjunction view) predicts ~0. For any
 TransformerLens model with the standard ``blocks.{l}.attn.hook_z`` hooks (our
@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from circuitfade.analysis.heads import _check_model, head_label
+from circuitfade.analysis.heads import check_model, head_label
 from circuitfade.store import trace
 from circuitfade.tasks import Batch, Task, eval_set
 from circuitfade.stats import sign_test
@@ -167,7 +167,7 @@ def part_ablation(
     (labels joined by ``+``), ``method``, ``n_parts`` (K), the two accuracies, ``chance``,
     ``retained`` and ``partial_credit = (K-1)/K``. The model's train/eval mode is restored.
     """
-    n_layers, n_heads = _check_model(model, "hook_z")
+    n_layers, n_heads = check_model(model, "hook_z")
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
     if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 0:

@@ -1,6 +1,6 @@
 """Precursors: progress measures that move while a capability is still flat, and dating its arrival.
 
-The study (seeds/002) claims that while a capability is still flat its arrival can be dated
+The no-partial-credit study claims that while a capability is still flat its arrival can be dated
 from a *precursor*: a measure of partial alignment that the loss does not show yet. This
 module holds the measures (any TransformerLens model with the standard hooks) and the
 predictor (plain arrays: any precursor, any run).

@@ -4,7 +4,7 @@ These work on any TransformerLens ``HookedTransformer`` (including
 ``SoftPriorTransformer``): every head of every layer is scored at once from a
 single ``run_with_cache`` per input that keeps only the ``hook_pattern``
 activations. This is the "capability-specific selectivity screen" of the
-developmental-trajectory paper (issue 6): each head is scored on the input
+developmental-trajectory paper ("When Do Attention Circuits Form?"): each head is scored on the input
 that elicits the capability and on a matched control input, and the head is
 classified by the difference (the selectivity), so a head that attends to the
 right place only by positional accident is not counted.

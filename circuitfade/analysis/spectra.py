@@ -11,7 +11,7 @@ mean(x)``. Since ``sum lambda = tr C`` and ``sum lambda^2 = ||C||_F^2`` for a
 symmetric ``C``, PR is computed from traces of the Gram matrix (in float64, on
 whichever of ``xc^T xc`` / ``xc xc^T`` is smaller; both have the same nonzero
 eigenvalues), with no eigendecomposition. The developmental-trajectory paper
-(issue 6) tracks per-head PR across checkpoints and asks whether it is
+tracks per-head PR across checkpoints and asks whether it is
 elevated when the head becomes an induction head; ``elevated_pr`` is that test.
 """
 

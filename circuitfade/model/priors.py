@@ -18,7 +18,7 @@ Published biases live in :mod:`circuitfade.model.zoo` and are registered when
 ``fire``, ``cope``, ``dape``, ``gpsa``. Schemes that are not additive biases
 (learned absolute positions, NoPE, RoPE) are backbone options
 (``positional_embedding_type``); the paper's thirteen static baselines are
-configs of this model, listed in :mod:`circuitfade.experiments.static_baselines`.
+configs of this model, listed in :mod:`studies.paper.static_baselines`.
 
 New priors register with :func:`register_prior`; the model then gives each one
 a gate (learned / fixed / scheduled), a hook ``hook_<name>_bias`` and a hook

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from circuitfade.io import CheckpointError, check_header, read_json
 from circuitfade.model import SoftPriorTransformer
-from circuitfade.train.loop import CKPT_DIR, RunConfig
+from circuitfade.train import CKPT_DIR, RunConfig
 
 from .series import CheckpointSeries, Snapshot
 
@@ -69,7 +69,7 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
     weights-only copy of a run - such as the shipped ``assets/series/`` - opens too;
     training writes the state file first, so every weight file of a run in progress
     is a finished checkpoint). Resuming training still needs both files
-    (:func:`circuitfade.train.loop.complete_checkpoints`).
+    (:func:`circuitfade.train.checkpoints.complete_checkpoints`).
 
     Each model is rebuilt from ``config.json`` (``RunConfig.model_config()``) and its
     weights loaded with ``SoftPriorTransformer.load_weights`` (checked keys/shapes).

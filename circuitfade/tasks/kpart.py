@@ -1,6 +1,6 @@
 """A shortcut-free K-part capability: the answer needs all K inputs, and any K-1 of them are worth nothing.
 
-The task (issue 16, "no-partial-credit circuit formation")
+The task (the no-partial-credit circuit-formation study)
 ----------------------------------------------------------
 Each sequence has ``N = K + n_distractors`` *value* positions holding tokens drawn
 independently and uniformly from ``{0, .., V-1}``, followed by one *query* position

@@ -1,7 +1,7 @@
 """Re-initialising parts of a live run: chosen heads' weight slices drawn afresh.
 
 :func:`reinit_heads` is the intervention of the waiting-time experiment
-(:mod:`circuitfade.experiments.alignment`): destroy ``m`` parts of a trained
+(:mod:`studies.alignment`): destroy ``m`` parts of a trained
 circuit and keep training. Which slices are drawn again is a parameter
 (``slices``), so an experiment can re-initialise only the query-key slices, or
 only the value-output slices, of the same heads.
@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from circuitfade.train.loop import Run
+from circuitfade.train.state import Run
 
 __all__ = ["SLICES", "WHICH", "SliceChange", "init_values", "reinit_heads", "reinit_slices", "reset_slice_moments"]
 

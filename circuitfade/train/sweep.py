@@ -11,7 +11,7 @@ and never recomputes them. Executors:
 * ``"serial"`` - in this process (debugging).
 
 A failed run is reported with its error and does not stop the others: an
-exception, a diverged run (non-finite loss, :class:`~circuitfade.train.loop.TrainingDiverged`,
+exception, a diverged run (non-finite loss, :class:`~circuitfade.train.config.TrainingDiverged`,
 status "failed" with the step), or a worker process that died (killed, out of
 memory: status "failed", :data:`LOST_WORKER`; the runs it shared a pool with are
 retried, each in its own process, and resume from their checkpoints).
@@ -22,24 +22,22 @@ run of the same sweep (``config.parent``) wait for it: the sweep runs in waves.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import time
 import traceback
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import pandas as pd
 from tqdm import tqdm
 
-from circuitfade.train.loop import RunConfig, branch_config
+from circuitfade.io import content_hash
+from circuitfade.train.config import RunConfig
+from circuitfade.train.jobs import LOST_WORKER, run_jobs
+from circuitfade.train.loop import branch_config
 
-__all__ = ["run_key", "run_dir_for", "child_of", "execute", "run_sweep", "EXECUTORS"]
+__all__ = ["run_key", "run_dir_for", "child_of", "execute", "execute_job", "run_sweep", "EXECUTORS"]
 
 EXECUTORS = ("local", "ray", "serial")
 
@@ -54,7 +52,7 @@ def _canonical(cfg: RunConfig) -> dict:
 
 def run_key(cfg: RunConfig) -> str:
     """Readable, unique directory name: ``<task>-<path>-s<seed>-<hash8>``."""
-    h = hashlib.sha256(json.dumps(_canonical(cfg), sort_keys=True).encode()).hexdigest()[:8]
+    h = content_hash(_canonical(cfg))[:8]
     slug = f"{cfg.task['name']}-{cfg.path}".replace("->", "to").replace("@", "at").replace(":", "_")
     slug = "".join(c if c.isalnum() or c in "._+-" else "_" for c in slug)
     return f"{slug}-s{cfg.seed}-{h}"
@@ -182,50 +180,19 @@ def _make_submitter(executor: str, workers: int, address: str | None):
     return ray_submit
 
 
-LOST_WORKER = "worker process died (killed by a signal, e.g. out of memory) while training this run"
+def execute_job(job: tuple[dict, str]) -> dict:
+    return execute(*job)
+
+
+def _lost(job: tuple[dict, str]) -> dict:
+    return {"status": "failed", "error": LOST_WORKER, "seconds": math.nan}
 
 
 def _local_pool(jobs, workers: int):
-    """Run ``jobs`` in a spawned process pool, surviving workers that die.
-
-    A dead worker breaks the whole pool (every unfinished future raises
-    ``BrokenProcessPool``), and it cannot tell which run was at fault. So the runs
-    it took down are retried, each in a pool of its own (``workers`` at a time): a
-    run whose own worker dies is reported failed (:data:`LOST_WORKER`), the others
-    resume from their last checkpoint and finish.
-    """
-    if not jobs:
-        return
-    ctx = get_context("spawn")
-    broken = []
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-        futs = {pool.submit(execute, cfg, d): (cfg, d) for cfg, d in jobs}
-        pending = set(futs)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                try:
-                    res = f.result()
-                except BrokenProcessPool:
-                    broken.append(futs[f])
-                    continue
-                yield futs[f][1], res
-    # isolation: one single-worker pool per run, so a death is that run's
-    queue, running = list(broken), {}
-    while queue or running:
-        while queue and len(running) < workers:
-            cfg, d = queue.pop(0)
-            p = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
-            running[p.submit(execute, cfg, d)] = (p, d)
-        done, _ = wait(set(running), return_when=FIRST_COMPLETED)
-        for f in done:
-            p, d = running.pop(f)
-            try:
-                res = f.result()
-            except BrokenProcessPool:
-                res = {"status": "failed", "error": LOST_WORKER, "seconds": math.nan}
-            p.shutdown(wait=True)
-            yield d, res
+    """Run ``jobs`` in the one process pool (:func:`circuitfade.train.jobs.run_jobs`): a run whose
+    own worker dies is reported failed (:data:`LOST_WORKER`), the others resume and finish."""
+    for i, res in run_jobs(execute_job, jobs, workers=workers, inline=False, on_lost=_lost):
+        yield jobs[i][1], res
 
 
 def summarize(results: pd.DataFrame, by: Sequence[str] = ("path",), metrics: Sequence[str] = ("acc_zero", "acc_normal")) -> pd.DataFrame:

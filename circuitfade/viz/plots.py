@@ -9,7 +9,7 @@ Inputs are the tidy frames the rest of the package produces, never models:
   multi-run trace to one run first);
 * a **gate intervention table** (:func:`circuitfade.analysis.gate_intervention_table`):
   ``condition, gates, accuracy, loss`` - :func:`gate_intervention_bar`;
-* a run's **metrics table** (``metrics.csv``, :func:`circuitfade.train.loop.read_metrics`):
+* a run's **metrics table** (``metrics.csv``, :func:`circuitfade.train.checkpoints.read_metrics`):
   ``step, gate_*, acc_*`` (or ``mse_*``) - :func:`training_curves`.
 
 Heads are named ``"L{layer}H{head}"`` everywhere, hover text included. Figures carry
@@ -37,6 +37,7 @@ from circuitfade.store.tracing import head_label
 
 __all__ = [
     "save",
+    "save_figure",
     "image_exporter",
     "ExportError",
     "METRIC_LABELS",
@@ -727,3 +728,20 @@ def class_count_figure(fractions: pd.DataFrame, shapes: pd.DataFrame | None = No
         height=420, legend=dict(title=dict(text="class (emergence)")),
     )
     return fig
+
+
+def save_figure(fig: go.Figure, stem: str | os.PathLike, *, png: bool = True, timeout: float = 180.0) -> list[str]:
+    """Write ``stem.html`` (plotly.js from its CDN) always, and ``stem.png`` when ``png`` through
+    :func:`save` with a ``timeout``; a failed or hung PNG export is printed and the figure stays
+    HTML only. Returns the names written (for result files that list their figures)."""
+    stem = Path(stem)
+    html, out_png = stem.with_suffix(".html"), stem.with_suffix(".png")
+    save(fig, html, plotlyjs="cdn")
+    written = [html.name]
+    if png:
+        try:
+            save(fig, out_png, timeout=timeout)
+            written.append(out_png.name)
+        except ExportError as e:
+            print(f"PNG export skipped for {stem.name}: {e}")
+    return written

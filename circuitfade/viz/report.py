@@ -47,7 +47,7 @@ from circuitfade.store import CheckpointSeries, attach, trace
 from circuitfade.viz.html import Note, Section, Table, page
 from circuitfade.viz.tables import markdown_table
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_label, eval_set, parse_task_args
-from circuitfade.train.loop import read_metrics
+from circuitfade.train import read_metrics
 
 __all__ = ["analyze", "analyze_main", "build_parser", "markdown_table", "report_html", "default_report_path"]
 

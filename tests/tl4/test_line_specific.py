@@ -39,7 +39,7 @@ def test_soft_prior_model_raises_one_line_on_tl4(use):
 
 @tl4_only
 def test_trainer_and_run_configs_raise_one_line_on_tl4():
-    from circuitfade.train.loop import RunConfig, train
+    from circuitfade.train import RunConfig, train
 
     with pytest.raises(compat.TLLineError, match="needs TransformerLens 3"):
         RunConfig().model_config()

@@ -1,0 +1,129 @@
+"""``python -m studies.alignment``: run the experiments and write ``OUT/results.md`` and ``OUT/verdicts.csv``.
+
+The experiments: ``ablation``, ``waiting``, ``rate`` (:mod:`.parts`, on the base circuits) and the
+standalone ones with runs or models of their own (:data:`STANDALONE`: :mod:`.cure`, :mod:`.precursor`,
+:mod:`.occupation`, :mod:`.anneal`, :mod:`.ignition`, :mod:`.fdt`), each writing ``OUT/<name>.md``
+and ``OUT/<name>_verdicts.csv``, which the full report joins (from this call or an earlier one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+import torch
+
+from circuitfade.viz.plots import save_figure
+from circuitfade.viz.report import markdown_table
+from studies.alignment import anneal, cure, fdt, ignition, occupation, precursor
+from studies.alignment.apparatus import (
+    BATCH,
+    EVAL_EVERY,
+    EVAL_SIZE,
+    LR,
+    MARGIN,
+    N_DISTRACTORS,
+    PATIENCE,
+    REINIT_EVAL_EVERY,
+    V,
+)
+from studies.alignment.parts import KS, PARTS, PartsResult, run_parts, verdicts
+
+__all__ = ["EXPERIMENTS", "STANDALONE", "run", "build_parser", "main"]
+
+_STANDALONE_RUN: dict[str, Callable[..., dict]] = {
+    "cure": lambda out, workers, progress, png: cure.run(out=out, workers=workers, progress=progress, png=png),
+    "precursor": lambda out, workers, progress, png: precursor.run(out=out, workers=1, progress=progress, png=png),
+    "occupation": lambda out, workers, progress, png: occupation.run(out=out, png=png),
+    "anneal": lambda out, workers, progress, png: anneal.run(out=out, progress=progress, png=png),
+    "ignition": lambda out, workers, progress, png: ignition.run(out=out, workers=workers, progress=progress, png=png),
+    "fdt": lambda out, workers, progress, png: fdt.run(out=out, progress=progress, png=png),
+}
+STANDALONE = tuple(_STANDALONE_RUN)
+"""Experiments with their own runs or model; each writes ``OUT/<name>.md`` and ``OUT/<name>_verdicts.csv``."""
+EXPERIMENTS = PARTS + STANDALONE
+
+
+def _check(names: list[str], seeds) -> None:
+    bad = [n for n in names if n not in EXPERIMENTS]
+    if bad:
+        raise ValueError(f"unknown experiment(s) {bad}; choose from {list(EXPERIMENTS)}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"--seeds must be a positive integer, got {seeds!r}")
+
+
+def _header(called: str, seeds: int, out: Path, with_series: bool, res: PartsResult, wall_s: float) -> list[str]:
+    n_reinit = 0 if res.reinit is None else len(res.reinit)
+    head = ["# No-partial-credit circuit formation", "",
+            f"Command: `python -m studies.alignment {called + ' ' if called else ''}--seeds {seeds} --out {out}"
+            + (" --with-series" if with_series else "") + "`.",
+            f"Apparatus: kpart, V = {V}, {N_DISTRACTORS} distractor, K in {list(KS)}, pinned one-layer preset "
+            f"(K + 2 heads, d_model 32, d_head 8, MLP 64), AdamW lr {LR}, batch {BATCH}; evaluation every "
+            f"{EVAL_EVERY} steps ({REINIT_EVAL_EVERY} after re-initialisation) on {EVAL_SIZE} sequences; ignition = "
+            f"first step half way from chance to 1 for {PATIENCE} evaluations in a row and for good (single dips "
+            f"tolerated); runs stop {MARGIN} steps after ignition. Seeds {list(range(seeds))}.",
+            f"Jobs: {0 if res.base is None else len(res.base)} base runs, {n_reinit} re-initialisation runs, "
+            f"{len(res.failed)} failed; training CPU time {res.cpu_s / 60:.1f} core-min; wall time of this call "
+            f"{wall_s / 60:.1f} min (finished jobs reused).", ""]
+    if res.failed:
+        head += ["**Failed jobs:**", ""] + [f"- {f.get('kind')} k={f.get('k')} m={f.get('m', '')} seed={f.get('seed')}: "
+                                            f"{f.get('error')}" for f in res.failed] + [""]
+    return head
+
+
+def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | Path = "results/alignment",
+        workers: int = 2, with_series: bool = False, progress: bool = True, png: bool = True) -> dict:
+    """Run the named experiments (default: all) and write ``OUT/results.md``, CSVs and figures."""
+    names = list(experiments or EXPERIMENTS)
+    _check(names, seeds)
+    torch.set_num_threads(1)  # the developing series and the analyses run in this process
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    standalone = {n: _STANDALONE_RUN[n](out, workers, progress, png) for n in names if n in STANDALONE}
+    names = [n for n in names if n not in STANDALONE]
+    if not names:
+        v = pd.concat([r["verdicts"] for r in standalone.values()], ignore_index=True)
+        return {"summary": {}, "verdicts": v, "markdown": "\n\n".join(r["markdown"] for r in standalone.values()),
+                **standalone}
+    res = run_parts(names, seeds=seeds, out=out, workers=workers, with_series=with_series, progress=progress)
+    v = verdicts(res.summary)
+    for extra in STANDALONE:  # their rows (from this or an earlier call)
+        if (out / f"{extra}_verdicts.csv").is_file():
+            v = pd.concat([v, pd.read_csv(out / f"{extra}_verdicts.csv")], ignore_index=True)
+    for name, fig in res.figures:
+        save_figure(fig, out / f"fig_{name}", png=png)
+    head = _header(" ".join(experiments or []), seeds, out, with_series, res, time.time() - t_start)
+    text = ("\n".join(head) + "\n## Claim-by-claim verdict\n\n" + markdown_table(v) + "\n\n" + "\n".join(res.sections)
+            + "".join("\n" + (out / f"{x}.md").read_text() for x in STANDALONE if (out / f"{x}.md").is_file()))
+    (out / "results.md").write_text(text)
+    v.to_csv(out / "verdicts.csv", index=False)
+    return {"summary": res.summary, "verdicts": v, "markdown": text, "base": res.base, "reinit": res.reinit}
+
+
+def build_parser(prog: str = "python -m studies.alignment") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description="No-partial-credit circuit formation: part ablation, "
+                                 "waiting times to re-ignition, the rate equation and the standalone experiments "
+                                 "(writes OUT/results.md and OUT/verdicts.csv)")
+    ap.add_argument("experiments", nargs="*", help=f"any of {list(EXPERIMENTS)} (default: all)")
+    ap.add_argument("--seeds", type=int, default=5, help="seeds of ablation, waiting and rate (default 5); "
+                    "the standalone experiments use the seed counts their protocols fix (see each module)")
+    ap.add_argument("--out", default="results/alignment")
+    ap.add_argument("--workers", type=int, default=2, help="training processes (one torch thread each)")
+    ap.add_argument("--with-series", action="store_true",
+                    help="also ablate the previous-token + induction parts of the local developing series (its "
+                         "table OUT/part_ablation_series.csv is reused when the series run folder is absent)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--no-png", action="store_true", help="write figures as HTML only")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    res = run(ns.experiments, seeds=ns.seeds, out=ns.out, workers=ns.workers, with_series=ns.with_series,
+              progress=not ns.quiet, png=not ns.no_png)
+    print(res["markdown"])
+    return 0

@@ -1,0 +1,486 @@
+"""``python -m studies.paper reproduce``: run the main paper's experiments and write ``results.md``.
+
+All experiments' runs go through one sweep (shared runs are trained once) into
+``OUT/runs/``; then each experiment builds its table from the runs. ``OUT``
+receives ``results.md`` (every table with the paper's numbers beside ours and a
+claim-by-claim verdict table), ``results_runs.csv`` (final metrics of every run),
+one CSV per table and ``report.html`` (training curves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from circuitfade import stats
+from circuitfade.claims import Outcome, all_of, any_of, at_least, at_most
+from circuitfade.claims import grade as claim_grade
+from circuitfade.io import check_outputs, write_csv, write_text
+from circuitfade.tasks import make_task
+from circuitfade.train import RunConfig
+from circuitfade.train.sweep import run_dir_for, run_sweep
+from circuitfade.viz.html import Section, write_page
+from studies.paper import protocol as P
+
+
+@dataclass(frozen=True)
+class Experiment:
+    title: str
+    configs: Callable  # (seeds, root, budget) -> list[RunConfig]
+    table: Callable  # (results, root, budget, seeds) -> (DataFrame, markdown)
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    "paths": Experiment("1. Training paths (Table 1)", P.paths_configs, P.paths_table),
+    "controls": Experiment("2. Causal controls (Table 2)", P.controls_configs, P.controls_table),
+    "fade_window": Experiment("3. Fade window (Sec. 7.2)", P.fade_window_configs, P.fade_window_table),
+    "shapes": Experiment("4. Schedule shape (Sec. 7.2)", P.shape_configs, P.shape_table),
+    "fixes": Experiment("5. Other training fixes (prior dropout, dual-condition loss)", P.fixes_configs, P.fixes_table),
+    "markov": Experiment("6. Markov induction (Sec. 8)", P.markov_configs, P.markov_table),
+    "linreg": Experiment("7. Linear-regression ICL boundary (Sec. 8)", P.linreg_configs, P.linreg_table),
+    "mechanism": Experiment("8. Mechanism trace (Sec. 9, Table 3)", P.mechanism_configs, P.mechanism_table),
+    "interventions": Experiment("9. Gate interventions on unforced models (Sec. 6)", P.interventions_configs,
+                                P.interventions_table),
+    "format": Experiment("10. Format sensitivity (where does the paper's pattern appear?)", P.format_configs,
+                         P.format_table),
+}
+LARGE_ROWS = ("paths", "controls")
+"""Experiments with large-model (L=4, d=128) rows; their config and table builders take ``large_seeds``."""
+
+
+def _final(results: pd.DataFrame, root, cfg: RunConfig, key: str) -> float:
+    r = results[results.run == run_dir_for(root, cfg).name]
+    if r.empty or r.status.iloc[0] in ("failed", "missing") or key not in r:
+        return float("nan")
+    return float(r[key].iloc[0])
+
+
+ACC_CONDITIONS = ("acc_normal", "acc_zero", "acc_param", "acc_half")
+
+
+def _left_plateau(results, root, cfg: RunConfig, eval_n: int) -> bool | None:
+    """Did the run leave associative recall's initial plateau? (best accuracy over the
+    evaluation conditions has a Wilson lower bound above :data:`paper.PLATEAU_ACC`);
+    ``None`` for tasks without a plateau rule or runs without results."""
+    if cfg.task.get("name") != "assoc":
+        return None
+    vals = [_final(results, root, cfg, k) for k in ACC_CONDITIONS]
+    vals = [v for v in vals if not np.isnan(v)]
+    if not vals:
+        return None
+    return stats.wilson_interval(max(vals) * eval_n, eval_n)[0] > P.PLATEAU_ACC
+
+
+def _measure(results, root, cfgs, key, eval_n) -> P.Measure:
+    vals = [_final(results, root, c, key) for c in cfgs]
+    left = [x for x in (_left_plateau(results, root, c, eval_n) for c in cfgs) if x is not None]
+    return P.Measure.of([v for v in vals if not np.isnan(v)], proportion=not key.startswith(("mse", "query_mse")),
+                        eval_n=eval_n, left=sum(left) if left else None)
+
+
+def _diff(a: P.Measure, b: P.Measure, scale: float = 1.0) -> tuple[float, float, float]:
+    """Normal 95% interval of ``a - scale * b`` (independent seeds)."""
+    d, lo, hi = stats.difference_interval(a.mean, a.se, scale * b.mean, scale * b.se)
+    return d, lo, hi
+
+
+def grade(full, part, have: bool, testable: bool = True) -> str:
+    """The verdict word of :func:`circuitfade.claims.grade`, marked when only the partial rule held
+    and the full rule was undecided."""
+    v = claim_grade(full, part, have=have, testable=testable)
+    return f"{v} (full rule undecided)" if v is Outcome.PARTLY and full is None else str(v)
+
+
+def _testable(*ms: P.Measure) -> bool:
+    lefts = [x.left for x in ms if x.left is not None]
+    return not lefts or sum(lefts) > 0
+
+
+def _d_str(a: P.Measure, bb: P.Measure, scale: float = 1.0) -> str:
+    d, lo, hi = _diff(a, bb, scale)
+    return "—" if np.isnan(d) else f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def _path_claims(results: pd.DataFrame, root, b: P.Budget, seeds, model: dict | None = None,
+                 control_seeds=None) -> list[dict]:
+    """The five claims of Tables 1-2 (unforced collapses, forced_zero fails, the fade keeps
+    zero-gate accuracy, the hard switch and post hoc continuation fall short) on one model
+    (``model``: RunConfig.model overrides; ``None``: the base model) at ``seeds``; the two
+    control claims compare with the fade on ``control_seeds`` (default ``seeds``), the seeds
+    Table 2 has, so both sides of a difference come from the same seeds."""
+    run = lambda path, s, **kw: P.run(path, s, b, model=model, **kw)  # noqa: E731
+    S = list(seeds)
+    n_eval = b.eval_size
+    fade, unf, fz = b.fade(), "unforced", "forced_zero"
+    lab = (lambda p: p) if b.label != "full" else (lambda p: {fade: "fade600->0"}.get(p, p))  # noqa: E731
+    m = lambda path, key="acc_zero", **kw: _measure(results, root, [run(path, s, **kw) for s in S], key, n_eval)  # noqa: E731
+    rows = []
+
+    def add(claim, statistic, value, rule, verdict):
+        rows.append({"claim": claim, "statistic": statistic, "ours (95% interval)": value, "rule": rule,
+                     "verdict": verdict})
+
+    un_z, un_n = m(unf), m(unf, "acc_normal")
+    add("unforced collapses at zero gate", "unforced acc: zero-gate / normal", f"{un_z} / {un_n}",
+        "zero ≤ .20 and normal ≥ .70 (partly: zero − normal ≤ −.30)",
+        grade(all_of(at_most(un_z.lo, un_z.hi, .2), at_least(un_n.lo, un_n.hi, .7)), at_most(*_diff(un_z, un_n)[1:], -.3),
+              un_z.n > 0, _testable(un_z, un_n)))
+    fz_z, fa_z = m(fz), m(fade)
+    add("forced_zero fails", f"forced_zero zero-gate acc; minus {lab(fade)}", f"{fz_z}; {_d_str(fz_z, fa_z)}",
+        "≤ .20 (partly: difference ≤ −.20)",
+        grade(at_most(fz_z.lo, fz_z.hi, .2), at_most(*_diff(fz_z, fa_z)[1:], -.2), fz_z.n > 0, _testable(fz_z, fa_z)))
+    add(f"{lab(fade)} keeps zero-gate accuracy", "fade zero-gate acc; minus forced_zero",
+        f"{fa_z}; {_d_str(fa_z, fz_z)}", "≥ .60 and difference ≥ .20 (partly: ≥ .60)",
+        grade(all_of(at_least(fa_z.lo, fa_z.hi, .6), at_least(*_diff(fa_z, fz_z)[1:], .2)), at_least(fa_z.lo, fa_z.hi, .6),
+              fa_z.n > 0, _testable(fa_z)))
+    if control_seeds is not None and list(control_seeds) != S:
+        S = list(control_seeds)
+        fa_z = m(fade)
+    sw = m(b.switch(1050))
+    add(f"hard switch at {b.switch(1050)[7:]} falls short", f"{b.switch(1050)} zero-gate acc; minus fade",
+        f"{sw}; {_d_str(sw, fa_z)}", "difference ≤ −.20 (partly: ≤ −.05)",
+        grade(at_most(*_diff(sw, fa_z)[1:], -.2), at_most(*_diff(sw, fa_z)[1:], -.05), sw.n > 0, _testable(sw, fa_z)))
+    ph = _measure(results, root, [P.posthoc_config(root, s, b, model=model) for s in S], "acc_zero", n_eval)
+    add("post hoc continuation falls short", "posthoc zero-gate acc; minus fade", f"{ph}; {_d_str(ph, fa_z)}",
+        "difference ≤ −.20 (partly: ≤ −.05)",
+        grade(at_most(*_diff(ph, fa_z)[1:], -.2), at_most(*_diff(ph, fa_z)[1:], -.05), ph.n > 0, _testable(ph, fa_z)))
+    return rows
+
+
+def _measurer(results, root, b: P.Budget, S: list[int]):
+    """``m(path, key="acc_zero", **config)``: the :class:`~studies.paper.protocol.Measure` of a metric over seeds ``S``."""
+    return lambda path, key="acc_zero", **kw: _measure(results, root, [P.run(path, s, b, **kw) for s in S], key,
+                                                        b.eval_size)
+
+
+def _row(claim, statistic, value, rule, verdict) -> dict:
+    return {"claim": claim, "statistic": statistic, "ours (95% interval)": value, "rule": rule, "verdict": verdict}
+
+
+def _fade_window_claim(m, b: P.Budget) -> dict:
+    fz_z = m("forced_zero")
+    starts = [m(b.fade(st)) for st in (400, 500, 600, 700, 800)]
+    have = all(x.n > 0 for x in starts)
+    if have:
+        spread_ok = at_most(*_spread(starts)[1:], .10)
+        each = all_of(*[at_least(x.lo, x.hi, .6) for x in starts])
+        margin = all_of(*[at_least(*_diff(x, fz_z)[1:], .2) for x in starts])
+        full, part = all_of(each, spread_ok, margin), all_of(each, spread_ok)
+    else:
+        full = part = None
+    return _row("robust to fade start (400–800)", "zero-gate acc per start",
+        ", ".join(f"{x.mean:.3f} [{x.lo:.3f}, {x.hi:.3f}]" for x in starts) if have else "—",
+        "each ≥ .60, max − min ≤ .10 (interval of the spread), each − forced_zero ≥ .20 (partly: first two)",
+        grade(full, part, have, _testable(*starts)))
+
+
+def _shapes_claim(m, b: P.Budget) -> dict:
+    fa_z = m(b.fade())
+    shapes = {sh: m(b.fade(shape=sh)) for sh in ("cosine", "convex")}
+    two = m(b.twostep())
+    have = two.n > 0 and all(x.n > 0 for x in shapes.values())
+    smooth = [fa_z] + list(shapes.values())
+    if have:
+        sm_ok = all_of(*[at_least(x.lo, x.hi, .6) for x in smooth])
+        worst = min(smooth, key=lambda x: x.mean)
+        full, part = all_of(sm_ok, at_most(*_diff(two, worst)[1:], -.2)), sm_ok
+    else:
+        full = part = None
+    return _row("smooth shapes work, two-step does not", "linear/cosine/convex vs two-step zero-gate acc",
+        f"{', '.join(f'{x.mean:.3f}' for x in smooth)} vs {two}" if have else "—",
+        "each smooth ≥ .60 and two-step − worst smooth ≤ −.20 (partly: smooth ≥ .60)",
+        grade(full, part, have, _testable(*smooth, two)))
+
+
+def _markov_claim(m, b: P.Budget) -> dict:
+    fade, unf, fz = b.fade(), "unforced", "forced_zero"
+    mk = {p: (m(fade, task={"name": "markov", "p": p}), m(unf, task={"name": "markov", "p": p}),
+              m(fz, task={"name": "markov", "p": p})) for p in (0.2, 0.5, 0.8)}
+    have = all(v[0].n > 0 for v in mk.values())
+    txt = "; ".join(f"p={p}: fade {v[0].mean:.3f}, unforced {v[1].mean:.3f}, forced_zero {v[2].mean:.3f}"
+                    f" (n={v[0].n})" for p, v in mk.items()) if have else "—"
+    full = all_of(*[all_of(at_least(*_diff(f, u)[1:], .2), at_least(*_diff(f, z)[1:], .2)) for f, u, z in mk.values()]) if have else None
+    part = any_of(*[at_least(*_diff(f, u)[1:], .2) for f, u, z in mk.values()]) if have else None
+    return _row("Markov induction replicates the pattern", "zero-gate acc per p", txt,
+        "fade − unforced ≥ .20 and fade − forced_zero ≥ .20 at every p (partly: fade − unforced ≥ .20 at some p)",
+        grade(full, part, have))
+
+
+def _linreg_claim(m, b: P.Budget) -> dict:
+    fade, unf, fz = b.fade(), "unforced", "forced_zero"
+    lt = {p: m(p, "mse_zero", task={"name": "linreg"}) for p in (unf, fz, fade)}
+    un_norm = m(unf, "mse_normal", task={"name": "linreg"})
+    have = all(v.n > 0 for v in lt.values())
+    full = all_of(at_most(*_diff(lt[fz], lt[fade], 1.5)[1:], 0.0), at_least(*_diff(lt[unf], un_norm, 1.5)[1:], 0.0)) if have else None
+    part = at_most(*_diff(lt[fz], lt[fade], 1.5)[1:], 0.0) if have else None
+    return _row("linear ICL is the boundary (forced_zero learns it; unforced degrades at zero gate)",
+        "zero-gate MSE unforced / forced_zero / fade; unforced normal MSE",
+        (f"{lt[unf]} / {lt[fz]} / {lt[fade]}; {un_norm}") if have else "—",
+        "forced_zero − 1.5 × fade ≤ 0 and unforced zero − 1.5 × unforced normal > 0 (partly: first)",
+        grade(full, part, have))
+
+
+def _consolidation_claim(mech: pd.DataFrame | None) -> dict:
+    if mech is not None and len(mech) and "both after gate 0 (sets)" in mech:
+        counts = [tuple(int(x) for x in str(v).split("/")) for v in mech["both after gate 0 (sets)"]]
+        before = [str(v) for v in mech["both before gate 0 (sets)"]]
+        return _row("consolidation happens after the gate reaches zero",
+            "per seed: evaluation sets on which both first crossings (succ ≥ .25, abl ≥ .03) come after g=0 "
+            "(before g=0)",
+            ", ".join(f"seed {s}: {k}/{K} ({bf})" for s, (k, K), bf in zip(mech["seed"], counts, before)),
+            "after g=0 on every set of every seed (partly: on some set of some seed)",
+            grade(all(k == K for k, K in counts), any(k > 0 for k, _ in counts), True))
+    return _row("consolidation happens after the gate reaches zero", "—", "—", "—", Outcome.NOT_RUN)
+
+
+LARGE_VALUE, LARGE_VERDICT = "large L=4 d=128 (95% interval)", "verdict (large)"
+
+
+def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame | None,
+             large_seeds: Sequence[int] = ()) -> pd.DataFrame:
+    """Claim-by-claim verdicts from explicit rules on 95% intervals (rules in the table).
+
+    Every statistic is a :class:`~studies.paper.protocol.Measure`: the mean over
+    seeds with a Student-t interval (one seed: the binomial/Wilson interval of its
+    evaluation). A rule "x ≤ c" holds if the whole interval of x is ≤ c, fails if the
+    whole interval is > c, and is undecided otherwise; a rule comparing two
+    measurements uses the normal interval of their difference. Verdicts
+    (:class:`circuitfade.claims.Outcome`): reproduced (full rule holds), partly (the partial rule
+    holds, the full rule fails), "partly (full rule undecided)", not reproduced (both fail),
+    inconclusive (undecided), not testable (none of the claim's runs left the initial plateau,
+    :data:`protocol.PLATEAU_ACC`), not run.
+
+    With ``large_seeds``, the claims of Tables 1-2 are graded again, by the same rules, on
+    the large model (L=4, d=128) at those seeds: two more columns, ``"—"`` / ``"not run"``
+    for the claims that have no large-model runs.
+    """
+    m = _measurer(results, root, b, list(seeds))
+    rows = _path_claims(results, root, b, list(seeds))
+    for claim in (_fade_window_claim, _shapes_claim, _markov_claim, _linreg_claim):
+        rows.append(claim(m, b))
+    rows.append(_consolidation_claim(mech))
+    df = pd.DataFrame(rows)
+    if len(list(large_seeds)):
+        ls = list(large_seeds)
+        large = {r["claim"]: r for r in _path_claims(results, root, b, ls, model=P.LARGE, control_seeds=ls[:len(list(seeds))])}
+        df.insert(3, LARGE_VALUE, [large[c]["ours (95% interval)"] if c in large else "—" for c in df.claim])
+        df[LARGE_VERDICT] = [large[c]["verdict"] if c in large else Outcome.NOT_RUN for c in df.claim]
+    return df
+
+
+def _spread(ms: list[P.Measure]) -> tuple[float, float, float]:
+    """``max - min`` of the means with a conservative interval (the extreme pair's difference interval)."""
+    hi_m, lo_m = max(ms, key=lambda x: x.mean), min(ms, key=lambda x: x.mean)
+    return _diff(hi_m, lo_m)
+
+
+def collect(cfgs: list[RunConfig], root: Path, recorded: pd.DataFrame | None = None,
+            runs_dir: Path | None = None) -> pd.DataFrame:
+    """Results of already-finished runs (no training).
+
+    A run's final metrics come from its ``done.json`` (in ``runs_dir`` if given, else
+    ``root``); failing that from ``recorded`` (a previous ``results_runs.csv``, status
+    ``"recorded"``: the run folder is gone but its final metrics were kept); otherwise
+    the run is marked ``"missing"``.
+    """
+    import json
+
+    rec = {} if recorded is None or "run" not in recorded else {r["run"]: r for r in recorded.to_dict("records")}
+    rows = []
+    for c in cfgs:
+        d = run_dir_for(root, c)
+        src = run_dir_for(runs_dir, c) if runs_dir is not None else d
+        base = {"run": d.name, "run_dir": str(src if (src / "done.json").is_file() else d), "path": c.path,
+                "seed": c.seed, "task": c.task["name"]}
+        if (src / "done.json").is_file():
+            rows.append({**base, "status": "cached", "error": None, **json.loads((src / "done.json").read_text())["final"]})
+        elif d.name in rec and rec[d.name].get("status") in ("cached", "done", "recorded"):
+            kept = {k: v for k, v in rec[d.name].items() if k not in base and k not in ("status", "error")}
+            rows.append({**base, "status": "recorded", "error": None, **kept})
+        else:
+            rows.append({**base, "status": "missing", "error": "not trained (tables-only run)"})
+    return pd.DataFrame(rows).drop_duplicates("run")
+
+
+def _seeds_of(names: list[str], seeds: int, seeds_for: dict) -> dict[str, list[int]]:
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        raise ValueError(f"unknown experiment(s) {unknown}; choose from {list(EXPERIMENTS)}")
+    if seeds < 1:
+        raise ValueError("--seeds must be >= 1")
+    bad = [k for k in seeds_for if k not in EXPERIMENTS]
+    if bad:
+        raise ValueError(f"seeds_for names unknown experiment(s) {bad}")
+    return {n: list(range(seeds_for.get(n, seeds))) for n in names}
+
+
+def _tables(names, results, root, b, S_of, large_seeds, out) -> tuple[dict, list[str]]:
+    sections, tables = [], {}
+    for n in names:
+        e = EXPERIMENTS[n]
+        t1 = time.time()
+        if n in LARGE_ROWS:
+            df, md = e.table(results, root, b, S_of[n], large_seeds)
+        elif n == "mechanism":
+            df, md = e.table(results, root, b, S_of[n], out_dir=out)
+        else:
+            df, md = e.table(results, root, b, S_of[n])
+        tables[n] = df
+        write_csv(out / f"table_{n}.csv", df)
+        sections.append(f"## {e.title}\n\n{md}\n\n_({P.eval_note(b)}; table built in {time.time() - t1:.0f} s)_\n")
+    return tables, sections
+
+
+def _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_seeds, results, b, train_s) -> list[str]:
+    failed = results[results.status == "failed"]
+    quick_note = (f" — QUICK MODE ({b.steps} steps; not comparable to the paper: rows are labelled with the paths "
+                  "actually trained, and no paper numbers are shown)") if quick else ""
+    head = [
+        "# circuitfade: reproduction of the main paper" + quick_note,
+        "",
+        f"Command: `python -m studies.paper reproduce {' '.join(names)} --seeds {seeds} --out {out}"
+        + (" --quick" if quick else "") + (" --tables-only" if not train else "")
+        + (f" --runs {runs_dir}" if runs_dir is not None else "")
+        + "".join(f" --seeds-for {k}={v}" for k, v in seeds_for.items())
+        + f"` (seeds per experiment: {', '.join(f'{n} {len(S_of[n])}' for n in names)}; large model seeds {list(range(large_seeds))}).",
+        f"Runs: {len(results)} ({int((results.status == 'done').sum())} trained now, "
+        f"{int((results.status == 'cached').sum())} reused, "
+        f"{int((results.status == 'recorded').sum())} from the recorded results_runs.csv (folders gone), "
+        f"{int((results.status == 'missing').sum())} not trained, "
+        f"{len(failed)} failed); sweep wall time {train_s / 60:.1f} min.",
+        "",
+        f"Evaluation: {P.eval_note(b)}. Columns: *zero-gate* = every prior's gate at 0; *normal* = gates as at the "
+        "final step (0 for every fade/linear/switch path, so normal = zero-gate there); *param* = sigmoid(gate logit) "
+        "(for fixed/scheduled gates the initial 0.5); *g=0.5* = all gates at 0.5.",
+        "",
+        "Cells: mean over seeds with its 95% interval `[lo, hi]` (Student t over the seeds; `sd` = across-seed "
+        "standard deviation). With one seed (`n=1, eval only`) the interval is the Wilson interval of that run's "
+        f"accuracy on its {b.eval_size} evaluation examples: it covers evaluation noise only, not seed-to-seed "
+        "variation. Verdicts compare these intervals (rules in the verdict table).",
+        "",
+    ]
+    if len(failed):
+        head += ["**Failed runs:**", ""] + [f"- `{r.run}`: {str(r.error).splitlines()[0]}" for r in failed.itertuples()] + [""]
+    return head
+
+
+def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results/paper", executor: str = "local",
+              workers: int | None = None, address: str | None = None, quick: bool = False,
+              large_seeds: int = 1, progress: bool = True, seeds_for: dict | None = None,
+              train: bool = True, runs_dir: str | Path | None = None) -> dict:
+    """Run (or, with ``train=False``, only tabulate) the named experiments.
+
+    Tables-only (``train=False``) reads finished runs from ``runs_dir`` (default
+    ``OUT/runs``) and, for runs whose folders are gone, the final metrics recorded in
+    ``OUT/results_runs.csv``; tables that need checkpoints (mechanism, interventions)
+    use the run folders that exist.
+
+    ``seeds`` seeds (0..seeds-1) per experiment unless ``seeds_for={name: n}`` says
+    otherwise; the large-model rows of "paths" use the first ``large_seeds``.
+    """
+    names = list(names or EXPERIMENTS)
+    seeds_for = dict(seeds_for or {})
+    S_of = _seeds_of(names, seeds, seeds_for)
+    b = P.QUICK if quick else P.FULL
+    out = Path(out)
+    root = Path(runs_dir) if runs_dir is not None else out / "runs"
+    cfgs = [c for n in names for c in (EXPERIMENTS[n].configs(S_of[n], root, b, large_seeds) if n in LARGE_ROWS
+                                        else EXPERIMENTS[n].configs(S_of[n], root, b))]
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    if train:
+        results = run_sweep(cfgs, root, executor=executor, workers=workers, address=address, progress=progress)
+    else:
+        recorded = pd.read_csv(out / "results_runs.csv") if (out / "results_runs.csv").is_file() else None
+        results = collect(cfgs, out / "runs", recorded, runs_dir=root)
+    train_s = time.time() - t0
+    recorded_runs = results.drop(columns=["config"], errors="ignore").copy()
+    if not train:  # where the run lives in OUT's layout, whichever folder it was read from
+        recorded_runs["run_dir"] = [str(out / "runs" / r) for r in recorded_runs["run"]]
+    write_csv(out / "results_runs.csv", recorded_runs)
+    tables, sections = _tables(names, results, root, b, S_of, large_seeds, out)
+    v = verdicts(results, root, b, list(range(seeds)), tables.get("mechanism"), large_seeds=range(large_seeds))
+    tables["verdicts"] = v
+    head = _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_seeds, results, b, train_s)
+    text = "\n".join(head) + "\n" + "\n".join(sections) + "\n## Claim-by-claim verdict\n\n" + P.md_table(v) + "\n"
+    write_text(out / "results.md", text)
+    _write_html(out, results, root)
+    return {"results": results, "tables": tables, "markdown": text}
+
+
+def _write_html(out: Path, results: pd.DataFrame, root: Path) -> None:
+    """Training curves (zero-gate and normal accuracy, gate) per path, first seed."""
+    try:
+        import plotly.graph_objects as go
+    except ImportError:  # pragma: no cover
+        return
+    figs = []
+    ok = results[results.status != "failed"]
+    for (task, path), g in ok.groupby(["task", "path"], sort=False):
+        d = Path(g.run_dir.iloc[0])
+        if not (d / "metrics.csv").is_file():
+            continue
+        mt = pd.read_csv(d / "metrics.csv")
+        key = make_task(task).primary_metric.column  # acc for token tasks, mse for regression
+        fig = go.Figure()
+        for cond in ("normal", "zero"):
+            if f"{key}_{cond}" in mt:
+                fig.add_scatter(x=mt.step, y=mt[f"{key}_{cond}"], name=f"{key} ({cond})")
+        if "gate_pos" in mt:
+            fig.add_scatter(x=mt.step, y=mt.gate_pos, name="gate (pos, mean)", yaxis="y2", line={"dash": "dot"})
+        fig.update_layout(title=f"{task} / {path} / {d.name}", xaxis_title="training step",
+                          yaxis_title=make_task(task).primary_metric.name,
+                          yaxis2={"title": "gate value", "overlaying": "y", "side": "right", "range": [0, 1]})
+        figs.append(fig)
+
+    write_page(out / "report.html", "python -m studies.paper reproduce", [Section("Training curves", figs)])
+
+
+DEFAULT_OUT = "results/paper"
+"""``python -m studies.paper reproduce`` writes here unless ``--out`` says otherwise; existing result files
+are replaced only with ``--force``."""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m studies.paper reproduce", description=__doc__.splitlines()[0])
+    ap.add_argument("experiments", nargs="*", help=f"any of {list(EXPERIMENTS)} (default: all)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--large-seeds", type=int, default=1, help="seeds for the large (L=4, d=128) model rows")
+    ap.add_argument("--out", default=DEFAULT_OUT,
+                    help=f"output folder (default {DEFAULT_OUT}; runs are cached in OUT/runs)")
+    ap.add_argument("--force", action="store_true", help="replace results.md and the tables if OUT has them")
+    ap.add_argument("--executor", choices=["local", "ray", "serial"], default="local")
+    ap.add_argument("--address", help="Ray cluster address (with --executor ray)")
+    ap.add_argument("--workers", type=int)
+    ap.add_argument("--quick", action="store_true", help="360-step runs: minutes, for trying it out / CI")
+    ap.add_argument("--seeds-for", action="append", default=[], metavar="EXP=N", help="per-experiment seed count")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="do not train: tabulate the runs in OUT/runs (or --runs), else OUT/results_runs.csv")
+    ap.add_argument("--runs", metavar="DIR", help="where the run folders are (default OUT/runs)")
+    ns = ap.parse_args(argv)
+    seeds_for = {}
+    for item in ns.seeds_for:
+        k, _, v = item.partition("=")
+        if not v.isdigit():
+            ap.error(f"--seeds-for expects EXP=N, got {item!r}")
+        seeds_for[k] = int(v)
+    out = Path(ns.out)
+    names = ns.experiments or list(EXPERIMENTS)
+    if ns.runs is not None and not Path(ns.runs).is_dir():
+        raise ValueError(f"--runs {ns.runs}: no such folder of run directories")
+    if ns.seeds < 1 or ns.large_seeds < 0 or (ns.workers is not None and ns.workers < 1):
+        raise ValueError(f"--seeds must be >= 1, --large-seeds >= 0 and --workers >= 1; got --seeds {ns.seeds}, "
+                         f"--large-seeds {ns.large_seeds}, --workers {ns.workers}")
+    check_outputs([out / "results.md", out / "report.html", out / "results_runs.csv",
+                   *(out / f"table_{n}.csv" for n in names)], force=ns.force)  # before any training
+    res = reproduce(ns.experiments, seeds=ns.seeds, out=ns.out, executor=ns.executor, workers=ns.workers,
+                    address=ns.address, quick=ns.quick, large_seeds=ns.large_seeds, seeds_for=seeds_for,
+                    train=not ns.tables_only, runs_dir=ns.runs)
+    print(res["markdown"])
+    return 0

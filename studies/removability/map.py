@@ -1,0 +1,655 @@
+"""The removability map: where does the training path decide whether a circuit can
+be removed?
+
+A grid of cells (model size x task difficulty x budget). In each cell the same
+runs: ``forced_zero`` (the baseline: no prior ever), ``fade600->0`` (the prior
+helps, then is annealed away) and ``unforced`` (the prior is learned and kept).
+The quantity of interest is the zero-gate accuracy margin
+``fade600->0 - forced_zero`` with its interval over seeds.
+
+Run configs are the same objects :mod:`studies.paper.protocol` builds, so a
+map run shared with ``python -m studies.paper reproduce`` (e.g. the large model's default
+cell) is trained once.
+
+``python -m studies.removability`` trains the grid's missing runs (a sweep into ``--runs``),
+copies every finished run's ``config.json``, ``metrics.csv`` and ``done.json``
+(never its checkpoints) into ``OUT/runs/<run>/`` and builds the tables and the
+figure from those copies, so ``python -m studies.removability --tables-only`` rebuilds everything
+on a machine without the runs. Definitions and rules (all fixed here, before any
+result was looked at):
+
+* zero-gate accuracy: the run's final ``acc_zero`` (``eval_size`` = 512 sequences;
+  its binomial standard error ``sqrt(p (1 - p) / n)`` with ``n`` = the eval set's
+  sequences, an approximation since answer positions within a sequence are pooled);
+* margin: per seed, ``acc_zero(fade600->0) - acc_zero(forced_zero)`` (same seed);
+  interval: 95% Student-t over the per-seed margins (``t_{.975, n-1} sd / sqrt(n)``);
+* on the plateau: final zero-gate accuracy below :data:`PLATEAU_ACC` = 0.3;
+* time to threshold: the first evaluated step with ``acc_zero >= 0.5``
+  (:data:`THRESHOLD`; evaluation every 100 steps; NaN = never within the budget);
+* classification (:func:`classify`), over the seeds having both runs:
+  ``path decides removability`` if every seed's margin is >= 0.2;
+  ``forced_zero better`` if every seed's margin is <= -0.2;
+  ``mixed`` if some but not all seeds' margins are >= 0.2;
+  ``prior only speeds learning`` if no seed's margin reaches 0.2 but the fade
+  reaches 0.5 first (strictly earlier, never = infinitely late) in more than half
+  the seeds; otherwise ``no difference``; fewer than 2 paired seeds: ``too few seeds``;
+* a cell needs 5 seeds (the issue's rule) when ``|mean margin - 0.2| < 2 SE``.
+
+The continuation signal (:mod:`circuitfade.analysis.continuation`) is measured on
+the runs' checkpoints (``--continuation``): at step :data:`SIGNAL_STEP` (600, just
+before the fade starts) for ``fade600->0`` and ``forced_zero``, at the last step
+for ``unforced``; it predicts the run's final zero-gate accuracy if its Spearman
+rank correlation is clearly positive (95% percentile bootstrap over runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from circuitfade.analysis.continuation import continuation_signal
+from circuitfade.io import atomic_write, check_outputs, read_json, write_json
+from circuitfade.store import open_run
+from circuitfade.tasks import eval_set
+from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
+from circuitfade.train.sweep import run_sweep
+from circuitfade.viz.report import markdown_table
+from studies.history.study import t_interval as _t
+from studies.removability.figures import export_png, map_figure
+
+MODELS = {  # label -> RunConfig.model overrides (4 heads throughout)
+    "L2 d64": {},
+    "L2 d128": {"d_model": 128, "d_head": 32},
+    "L4 d64": {"n_layers": 4},
+    "L4 d128": {"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4},
+}
+TASKS = {  # label -> RunConfig.task
+    "recall (default)": {"name": "assoc"},
+    "recall (shared vocab)": {"name": "assoc", "shared_vocab": True},
+    "markov (p=0.5)": {"name": "markov", "p": 0.5},  # the paper's Markov runs (one config, shared)
+}
+GRID_TASKS = ("recall (default)", "recall (shared vocab)")  # grid() default; Markov only where asked for
+BASELINE, FADE, UNFORCED = "forced_zero", "fade600->0", "unforced"
+PATHS = (BASELINE, FADE, UNFORCED)
+# rough single-core minutes per 3,600-step run on the project's CI-class machine
+COST_MIN = {"L2 d64": 1.5, "L2 d128": 2.5, "L4 d64": 3.0, "L4 d128": 8.0}
+
+# ---- rules, fixed before any map result was seen (see the module docstring)
+PLATEAU_ACC = 0.3
+THRESHOLD = 0.5
+DECIDES_MARGIN = 0.2
+SIGNAL_STEP = 600
+SIGNAL_PRIMARY = "circuit_share"  # ||P_C g|| / ||g||: scale-free across model sizes
+CLASSES = ("path decides removability", "mixed", "prior only speeds learning", "no difference",
+           "forced_zero better", "too few seeds")
+RUN_FILES = ("config.json", "metrics.csv", "done.json")
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    task: str
+    steps: int = 3600
+
+    def config(self, path: str, seed: int) -> RunConfig:
+        train = TrainConfig() if self.steps == 3600 else TrainConfig(steps=self.steps)
+        return RunConfig(path=path, task=dict(TASKS[self.task]), model=dict(MODELS[self.model]), train=train, seed=seed)
+
+
+def grid(models=None, tasks=None, steps=(3600,)) -> list[Cell]:
+    models = list(MODELS) if models is None else list(models)
+    tasks = list(GRID_TASKS) if tasks is None else list(tasks)
+    for name in models:
+        if name not in MODELS:
+            raise ValueError(f"unknown map model {name!r}; expected one of {list(MODELS)}")
+    for name in tasks:
+        if name not in TASKS:
+            raise ValueError(f"unknown map task {name!r}; expected one of {list(TASKS)}")
+    return [Cell(m, t, s) for s in steps for m in models for t in tasks]
+
+
+def configs(cells, seeds=(0, 1, 2), paths=PATHS, unforced_seeds=(0,)) -> list[RunConfig]:
+    """Run configs of ``cells``, cheapest cells first (a sweep cut short keeps whole cells)."""
+    out = []
+    for cell in sorted(cells, key=lambda c: (COST_MIN.get(c.model, 10) * c.steps, list(TASKS).index(c.task))):
+        for seed in seeds:
+            for p in paths:
+                if p == UNFORCED and seed not in unforced_seeds:
+                    continue
+                out.append(cell.config(p, seed))
+    return out
+
+
+def cell_of(cfg: RunConfig) -> Cell | None:
+    """The map cell a run belongs to, or ``None`` if it is not a map run (other
+    paths, non-default training settings, data mixes and branches are not)."""
+    if cfg.path not in PATHS or cfg.parent or cfg.mix:
+        return None
+    if cfg.train != TrainConfig(steps=cfg.train.steps):
+        return None
+    model = next((m for m, d in MODELS.items() if dict(cfg.model) == d), None)
+    task = next((t for t, d in TASKS.items() if dict(cfg.task) == d), None)
+    if model is None or task is None:
+        return None
+    return Cell(model, task, cfg.train.steps)
+
+
+# --------------------------------------------------------------------------- statistics
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+
+    return _t(values, level)
+
+
+def time_to_threshold(metrics: pd.DataFrame, column: str = "acc_zero", threshold: float = THRESHOLD) -> float:
+    """First ``step`` with ``metrics[column] >= threshold`` (NaN if never)."""
+    if column not in metrics:
+        raise ValueError(f"metrics: no column {column!r} (have {list(metrics.columns)})")
+    hit = metrics.loc[metrics[column] >= threshold, "step"]
+    return float(hit.min()) if len(hit) else math.nan
+
+
+def binomial_se(p: float, n: int) -> float:
+    return math.sqrt(p * (1 - p) / n) if n > 0 and not math.isnan(p) else math.nan
+
+
+def classify(margins: Sequence[float], fade_earlier: Sequence[bool], *, margin: float = DECIDES_MARGIN) -> str:
+    """The cell's class from its per-seed margins and "fade reached 0.5 strictly
+    earlier" flags (same seeds), by the rule in the module docstring."""
+    m = [float(x) for x in margins]
+    if len(m) != len(fade_earlier):
+        raise ValueError("classify: margins and fade_earlier must have one entry per seed")
+    if len(m) < 2:
+        return "too few seeds"
+    if all(x >= margin for x in m):
+        return "path decides removability"
+    if all(x <= -margin for x in m):
+        return "forced_zero better"
+    if any(x >= margin for x in m):
+        return "mixed"
+    if sum(bool(e) for e in fade_earlier) > len(m) / 2:
+        return "prior only speeds learning"
+    return "no difference"
+
+
+def _earlier(t_fade: float, t_base: float) -> bool:
+    a = math.inf if math.isnan(t_fade) else t_fade
+    b = math.inf if math.isnan(t_base) else t_base
+    return a < b
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    return pd.Series(x).rank(method="average").to_numpy()
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties; NaN if either side is constant)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError("spearman: expected two 1-d sequences of the same length")
+    if len(x) < 3:
+        return math.nan
+    rx, ry = _ranks(x), _ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def spearman_bootstrap(x, y, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """``{"rho", "lo", "hi", "n", "n_boot_valid"}``: Spearman's rho with a percentile
+    bootstrap interval (pairs resampled with replacement; resamples with a constant
+    side are dropped and counted out of ``n_boot``)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[ok], y[ok]
+    rho = spearman(x, y)
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot if len(x) >= 3 else 0):
+        i = rng.integers(0, len(x), len(x))
+        r = spearman(x[i], y[i])
+        if not math.isnan(r):
+            boots.append(r)
+    a = (1 - level) / 2
+    lo, hi = (float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))) if boots else (math.nan, math.nan)
+    return {"rho": rho, "lo": lo, "hi": hi, "n": int(len(x)), "n_boot_valid": len(boots)}
+
+
+# --------------------------------------------------------------------------- run files
+def _run_dirs(root: Path) -> list[Path]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(d for d in root.iterdir() if d.is_dir() and all((d / f).is_file() for f in RUN_FILES))
+
+
+def _read_config(d: Path) -> RunConfig:
+    return RunConfig.from_dict(read_json(d / "config.json"))
+
+
+def persist(roots: Iterable[str | Path], dest: str | Path, *, timing: pd.DataFrame | None = None,
+            force: bool = False) -> dict:
+    """Copy every finished map run under ``roots`` (``config.json``, ``metrics.csv``,
+    ``done.json``; never checkpoints) into ``dest/<run>/``, plus ``timing.json``
+    (``seconds`` from ``timing`` - the sweep's result rows, columns ``run, seconds`` -
+    or else from the files' times: ``done.json`` minus ``config.json`` modification
+    time, i.e. the run's own wall time, resumes included).
+
+    A run already in ``dest`` with different files is kept (counted in ``kept``)
+    unless ``force``. Returns ``{"copied", "same", "kept", "skipped"}`` counts
+    (``skipped``: run directories that are not map runs).
+    """
+    dest = Path(dest)
+    counts = {"copied": 0, "same": 0, "kept": 0, "skipped": 0}
+    sweep_sec = {}
+    if timing is not None and len(timing):
+        ok = timing[timing.get("status", pd.Series("done", index=timing.index)).astype(str) == "done"]
+        sweep_sec = {str(r.run): float(r.seconds) for r in ok.itertuples() if not pd.isna(r.seconds)}
+    for root in roots:
+        for d in _run_dirs(Path(root)):
+            if cell_of(_read_config(d)) is None:
+                counts["skipped"] += 1
+                continue
+            target = dest / d.name
+            same = target.is_dir() and all(
+                (target / f).is_file() and (target / f).read_bytes() == (d / f).read_bytes() for f in RUN_FILES)
+            if same:
+                counts["same"] += 1
+            elif target.exists() and not force:
+                counts["kept"] += 1
+                continue
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                for f in RUN_FILES:
+                    atomic_write(target / f, (d / f).read_bytes())
+                counts["copied"] += 1
+            tfile = target / "timing.json"
+            old = json.loads(tfile.read_text()) if tfile.is_file() else None
+            start, end = (d / "config.json").stat().st_mtime, (d / "done.json").stat().st_mtime
+            if d.name in sweep_sec:
+                new = {"seconds": sweep_sec[d.name], "source": "sweep", "start": start, "end": end}
+            else:
+                new = {"seconds": end - start, "source": "file times", "start": start, "end": end}
+            if old is None or (old.get("source") != "sweep" and new["source"] == "sweep") or (force and not same):
+                write_json(tfile, new)
+    return counts
+
+
+def collect(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """One row per finished map run under ``root`` and a list of problems (runs that
+    did not finish their budget or have non-finite accuracy: reported, never tabulated).
+
+    Columns: ``run, model, task, steps, path, seed, acc_zero, acc_normal, se_zero,
+    n_eval, acc_zero_step0, t50, plateau, seconds, seconds_source, start, end``.
+    """
+    rows, problems = [], []
+    for d in _run_dirs(Path(root)):
+        cfg = _read_config(d)
+        cell = cell_of(cfg)
+        if cell is None:
+            continue
+        done = json.loads((d / "done.json").read_text())
+        final = done.get("final", {})
+        metrics = pd.read_csv(d / "metrics.csv")
+        acc = float(final.get("acc_zero", math.nan))
+        if int(done.get("step", -1)) != cfg.train.steps or not math.isfinite(acc):
+            problems.append(f"{d.name}: done.json step {done.get('step')} (budget {cfg.train.steps}), acc_zero {acc}")
+            continue
+        tim = json.loads((d / "timing.json").read_text()) if (d / "timing.json").is_file() else {}
+        step0 = metrics.loc[metrics.step == 0, "acc_zero"]
+        n = cfg.train.eval_size
+        rows.append({
+            "run": d.name, "model": cell.model, "task": cell.task, "steps": cell.steps, "path": cfg.path,
+            "seed": cfg.seed, "acc_zero": acc, "acc_normal": float(final.get("acc_normal", math.nan)),
+            "se_zero": binomial_se(acc, n), "n_eval": n,
+            "acc_zero_step0": float(step0.iloc[0]) if len(step0) else math.nan,
+            "t50": time_to_threshold(metrics), "plateau": bool(acc < PLATEAU_ACC),
+            "seconds": float(tim.get("seconds", math.nan)), "seconds_source": tim.get("source", "unknown"),
+            "start": float(tim.get("start", math.nan)), "end": float(tim.get("end", math.nan)),
+        })
+    cols = ["run", "model", "task", "steps", "path", "seed", "acc_zero", "acc_normal", "se_zero", "n_eval",
+            "acc_zero_step0", "t50", "plateau", "seconds", "seconds_source", "start", "end"]
+    df = pd.DataFrame(rows, columns=cols)
+    order = {m: i for i, m in enumerate(MODELS)}, {t: i for i, t in enumerate(TASKS)}, {p: i for i, p in enumerate(PATHS)}
+    if len(df):
+        df = df.sort_values(["model", "task", "steps", "path", "seed"],
+                            key=lambda s: s.map(order[0]) if s.name == "model" else (
+                                s.map(order[1]) if s.name == "task" else (s.map(order[2]) if s.name == "path" else s)))
+    return df.reset_index(drop=True), problems
+
+
+def _fmt_list(values, spec="{:.3f}") -> str:
+    return ", ".join("—" if (isinstance(v, float) and math.isnan(v)) else spec.format(v) for v in values)
+
+
+def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: per-path zero-gate accuracy (mean, sd, n, per-seed), the margin
+    with its t-interval, plateau fractions, times to threshold and the class."""
+    rows = []
+    for (model, task, steps), g in runs.groupby(["model", "task", "steps"], sort=False):
+        row = {"model": model, "task": task, "steps": int(steps)}
+        by = {p: g[g.path == p].sort_values("seed") for p in PATHS}
+        for p, key in ((BASELINE, "fz"), (FADE, "fade"), (UNFORCED, "unforced")):
+            s = by[p]
+            row[f"{key}_n"] = len(s)
+            row[f"{key}_mean"] = float(s.acc_zero.mean()) if len(s) else math.nan
+            row[f"{key}_sd"] = float(s.acc_zero.std(ddof=1)) if len(s) > 1 else math.nan
+            row[f"{key}_seeds"] = _fmt_list(s.acc_zero.tolist())
+            row[f"{key}_plateau_frac"] = float(s.plateau.mean()) if len(s) else math.nan
+            row[f"{key}_t50_median"] = float(s.t50.median()) if len(s) and s.t50.notna().sum() * 2 > len(s) else math.nan
+            row[f"{key}_t50_seeds"] = _fmt_list(s.t50.tolist(), "{:.0f}")
+        paired = by[FADE].merge(by[BASELINE], on="seed", suffixes=("_fade", "_fz"))
+        margins = (paired.acc_zero_fade - paired.acc_zero_fz).tolist()
+        earlier = [_earlier(a, b) for a, b in zip(paired.t50_fade, paired.t50_fz)]
+        mean, lo, hi = t_interval(margins) if margins else (math.nan, math.nan, math.nan)
+        se = float(np.std(margins, ddof=1) / math.sqrt(len(margins))) if len(margins) > 1 else math.nan
+        row.update({
+            "n_paired": len(margins), "paired_seeds": " ".join(str(s) for s in paired.seed),
+            "margin_mean": mean, "margin_lo": lo, "margin_hi": hi, "margin_se": se,
+            "margin_min": min(margins) if margins else math.nan, "margin_seeds": _fmt_list(margins, "{:+.3f}"),
+            "n_seeds_margin_ge_0.2": sum(m >= DECIDES_MARGIN for m in margins),
+            "n_fade_earlier": sum(earlier),
+            "class": classify(margins, earlier),
+            "needs_5_seeds": bool(len(margins) < 5 and not math.isnan(se) and abs(mean - DECIDES_MARGIN) < 2 * se),
+        })
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def wall_time(runs: pd.DataFrame) -> dict:
+    """``{"runs", "core_seconds", "span_seconds", "sources"}``: the sum of per-run
+    seconds (each run's own wall time, one process each) and the span from the first run's start to the last
+    run's end (the map's wall time with the workers it had)."""
+    ok = runs.dropna(subset=["seconds"])
+    span = float(runs.end.max() - runs.start.min()) if runs.start.notna().any() else math.nan
+    return {"runs": int(len(runs)), "core_seconds": float(ok.seconds.sum()), "span_seconds": span,
+            "sources": ", ".join(f"{k}: {v}" for k, v in runs.seconds_source.value_counts().items())}
+
+
+# --------------------------------------------------------------------------- continuation
+def continuation_rows(runs: pd.DataFrame, roots: Sequence[str | Path], *, k: int = 2, n_random: int = 200,
+                      n: int = 512, progress: bool = True) -> tuple[pd.DataFrame, list[str]]:
+    """The continuation signal of every map run whose checkpoints are under ``roots``
+    (``<root>/<run>/checkpoints``): at :data:`SIGNAL_STEP` for fade600->0 and
+    forced_zero, at the last checkpoint for unforced. Circuit = the ``k`` heads with
+    the largest mean-ablation accuracy drop under the gates the run had at that step
+    (``"normal"``); gradient of the zero-gate loss on ``eval_set(task, n)``
+    with the trainer's eval seed (``n`` = 512: the run's own eval set).
+    Returns the rows and the runs without checkpoints (listed, not guessed)."""
+    from tqdm import tqdm
+
+    rows, missing = [], []
+    it = tqdm(list(runs.itertuples()), desc="continuation signal", unit="run", disable=not progress)
+    for r in it:
+        d = next((Path(root) / r.run for root in roots if (Path(root) / r.run / "checkpoints").is_dir()), None)
+        if d is None:
+            missing.append(r.run)
+            continue
+        series = open_run(d)
+        step = series.steps[-1] if r.path == UNFORCED else SIGNAL_STEP
+        if step not in series:
+            missing.append(f"{r.run} (no step {step})")
+            continue
+        task = series.task
+        batch = eval_set(task, n, EVAL_SEED)
+        sig = continuation_signal(series[step], task, batch, k=k, gates="zero", importance_gates="normal",
+                                  n_random=n_random, seed=0)
+        rows.append({"run": r.run, "model": r.model, "task": r.task, "steps": r.steps, "path": r.path,
+                     "seed": r.seed, "signal_step": int(step), **sig, "acc_zero_final": r.acc_zero})
+    return pd.DataFrame(rows), missing
+
+
+def continuation_tests(sig: pd.DataFrame, cells: pd.DataFrame, *, primary: str = SIGNAL_PRIMARY) -> pd.DataFrame:
+    """Spearman rho (bootstrap 95%) of the signal against the final zero-gate accuracy:
+    over fade runs (signal at step 600), over all runs, and over cells (mean fade
+    signal vs the cell's mean margin). One row per (budget, set, statistic), each budget
+    on its own: a run trained for 10,800 steps shares its step-600 signal with the
+    3,600-step run of the same seed, so pooling budgets would count one signal twice.
+    The primary test is on the smallest budget."""
+    out = []
+    stats = [primary] + [s for s in ("circuit_norm", "share_ratio") if s != primary]
+    cells = cells.set_index(["model", "task", "steps"]) if len(cells) else cells
+    budgets = sorted(set(sig.steps)) if "steps" in sig and len(sig) else [None]
+    for steps in budgets:
+        at = sig if steps is None else sig[sig.steps == steps]
+        for stat in stats:
+            if stat not in at:
+                continue
+            for name, sub in (("fade600->0 runs", at[at.path == FADE]), ("all runs", at),
+                              ("forced_zero runs", at[at.path == BASELINE])):
+                res = spearman_bootstrap(sub[stat], sub.acc_zero_final)
+                out.append({"steps": steps, "set": name, "statistic": stat, "target": "final zero-gate acc", **res,
+                            "primary": stat == primary and name == "fade600->0 runs" and steps == budgets[0]})
+            fade = at[at.path == FADE]
+            if len(fade) and len(cells):
+                per = fade.groupby(["model", "task", "steps"])[stat].mean()
+                margin = cells.reindex(per.index)["margin_mean"]
+                res = spearman_bootstrap(per.to_numpy(), margin.to_numpy())
+                out.append({"steps": steps, "set": "cells (mean fade signal)", "statistic": stat,
+                            "target": "cell margin", **res, "primary": False})
+    return pd.DataFrame(out)
+
+
+def separation(sig: pd.DataFrame, cells: pd.DataFrame, *, stat: str = SIGNAL_PRIMARY,
+               positive: Sequence[str] = ("path decides removability", "mixed")) -> dict:
+    """Does the fade runs' mean signal (per cell) separate the cells where the path
+    matters (class in ``positive``) from the rest? ``{"auc", "n_pos", "n_neg", "per_class"}``:
+    ``auc`` = fraction of (positive, other) cell pairs in which the positive cell has the
+    larger mean signal (ties count 1/2; NaN when either group is empty); ``per_class`` =
+    rows ``class, cells, mean, min, max`` of the per-cell mean signal."""
+    fade = sig[sig.path == FADE]
+    if not len(fade) or not len(cells) or stat not in fade:
+        return {"auc": math.nan, "n_pos": 0, "n_neg": 0, "per_class": pd.DataFrame()}
+    per = fade.groupby(["model", "task", "steps"])[stat].mean().rename("signal").reset_index()
+    per = per.merge(cells[["model", "task", "steps", "class"]], on=["model", "task", "steps"])
+    pos = per[per["class"].isin(positive)].signal.to_numpy()
+    neg = per[~per["class"].isin(positive)].signal.to_numpy()
+    auc = float(np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])) if len(pos) and len(neg) else math.nan
+    table = per.groupby("class").signal.agg(cells="count", mean="mean", min="min", max="max").reset_index()
+    return {"auc": auc, "n_pos": int(len(pos)), "n_neg": int(len(neg)), "per_class": table}
+
+
+# --------------------------------------------------------------------------- report
+def _md(df: pd.DataFrame) -> str:
+
+    return markdown_table(df)
+
+
+def _r(x, spec="{:.3f}"):
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else spec.format(x)
+
+
+def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str], *, sig: pd.DataFrame | None = None,
+                     tests: pd.DataFrame | None = None, missing_ckpt: Sequence[str] = (), expected: int | None = None,
+                     command: str = "") -> str:
+    w = wall_time(runs) if len(runs) else {"runs": 0, "core_seconds": math.nan, "span_seconds": math.nan, "sources": ""}
+    lines = ["<!-- written by python -m studies.removability; rebuilt by `python -m studies.removability --tables-only` -->",
+             "# The removability map", ""]
+    status = (f"{len(runs)} finished runs" + (f" (the default grid, 3 seeds x 2 tasks x 4 models, has {expected})" if expected else "")
+              + f"; {len(cells)} cells. Seeds per cell and path are in the table (n columns).")
+    lines += [f"**Status:** {status}", "",
+              f"Command: `{command}`" if command else "", "",
+              "Rules (fixed in `studies/removability/map.py` before results were seen): margin = "
+              "fade600->0 − forced_zero final zero-gate accuracy, paired by seed; interval: 95% Student-t over the "
+              f"per-seed margins; plateau: final zero-gate acc < {PLATEAU_ACC}; t50: first evaluated step (every 100) "
+              f"with zero-gate acc ≥ {THRESHOLD} (— = never); class: 'path decides removability' = every seed's "
+              f"margin ≥ {DECIDES_MARGIN}; 'mixed' = some seeds ≥ {DECIDES_MARGIN}, not all; 'prior only speeds "
+              f"learning' = no seed ≥ {DECIDES_MARGIN} but the fade reaches {THRESHOLD} strictly first in more than "
+              "half the seeds; else 'no difference' ('forced_zero better' = every seed ≤ −0.2). Per-run binomial "
+              "SE of a zero-gate accuracy (n = 512 eval sequences) is ≤ 0.022.", ""]
+    if len(cells):
+        show = cells.assign(
+            margin=[f"{_r(m, '{:+.3f}')} [{_r(a, '{:+.3f}')}, {_r(b, '{:+.3f}')}]"
+                    for m, a, b in zip(cells.margin_mean, cells.margin_lo, cells.margin_hi)],
+            forced_zero=[f"{_r(m)} ± {_r(s)} (n={n})" for m, s, n in zip(cells.fz_mean, cells.fz_sd, cells.fz_n)],
+            fade=[f"{_r(m)} ± {_r(s)} (n={n})" for m, s, n in zip(cells.fade_mean, cells.fade_sd, cells.fade_n)],
+            unforced=[f"{_r(m)} (n={n})" for m, n in zip(cells.unforced_mean, cells.unforced_n)],
+            plateau_fz_fade=[f"{_r(a, '{:.2f}')} / {_r(b, '{:.2f}')}" for a, b in
+                             zip(cells.fz_plateau_frac, cells.fade_plateau_frac)],
+            t50_fz=cells.fz_t50_seeds, t50_fade=cells.fade_t50_seeds,
+        )
+        lines += ["## Cells (zero-gate accuracy at the end of the budget)", "",
+                  _md(show[["model", "task", "steps", "forced_zero", "fade", "unforced", "margin", "margin_seeds",
+                            "plateau_fz_fade", "t50_fz", "t50_fade", "class", "needs_5_seeds"]]), "",
+                  "margin: mean [95% t-interval] over paired seeds; margin_seeds per seed (seed order as in "
+                  "paired_seeds of map_cells.csv); plateau: fraction of seeds with zero-gate acc < 0.3 "
+                  "(forced_zero / fade); t50 per seed.", ""]
+        for cls in CLASSES:
+            sub = cells[cells["class"] == cls]
+            if len(sub):
+                lines.append(f"- **{cls}**: " + "; ".join(
+                    f"{r.model} × {r.task} (margin {r.margin_mean:+.3f}, n={r.n_paired})" for r in sub.itertuples()))
+        lines.append("")
+    if len(runs):
+        lines += ["## Runs", "", _md(runs[["run", "model", "task", "path", "seed", "acc_zero", "se_zero",
+                                           "acc_normal", "t50", "plateau", "seconds"]]), ""]
+        per_model = runs.groupby("model", sort=False).seconds.mean() / 60
+        lines += [f"Wall time: {w['runs']} runs, {w['core_seconds'] / 60:.1f} run-minutes in total (the sum of each "
+                  f"run's own wall time; sources: {w['sources']}); first start to last end "
+                  f"{w['span_seconds'] / 60:.1f} min with the sweep's workers. Mean minutes per run: "
+                  + ", ".join(f"{m} {v:.1f}" for m, v in per_model.items())
+                  + ". Each run had one process with one torch thread; the machine's 2 cores were shared with "
+                  "other work, so these overstate the cost on an idle core.", ""]
+    if problems:
+        lines += ["## Runs not tabulated (unfinished or invalid)", ""] + [f"- {p}" for p in problems] + [""]
+    if sig is not None and len(sig):
+        lines += ["## Continuation signal (Section 3.3)", "",
+                  f"Signal at step {SIGNAL_STEP} (fade600->0, forced_zero; before the fade starts) or at the end "
+                  "(unforced): zero-gate loss gradient on the run's eval set (512), projected onto the 2 heads with "
+                  "the largest mean-ablation accuracy drop under the run's gates at that step. "
+                  f"Primary statistic: `{SIGNAL_PRIMARY}` = ||P_C g|| / ||g||; primary test: its Spearman rho with "
+                  "the final zero-gate accuracy over fade600->0 runs (95% percentile bootstrap over runs, 2000 "
+                  "resamples). Other rows are secondary (several statistics were looked at: read them as "
+                  "exploratory).", ""]
+        if tests is not None and len(tests):
+            lines += [_md(tests), ""]
+        agg = sig.groupby(["model", "task", "steps", "path"], sort=False).agg(
+            n=("run", "count"), circuit_share=("circuit_share", "mean"), share_ratio=("share_ratio", "mean"),
+            circuit_norm=("circuit_norm", "mean"), acc_zero_final=("acc_zero_final", "mean")).reset_index()
+        lines += ["Per cell and path (means over seeds):", "", _md(agg), ""]
+        sep = separation(sig, cells)
+        if len(sep["per_class"]):
+            lines += [f"Separation of the cells where the path matters ('path decides removability' or 'mixed', "
+                      f"{sep['n_pos']} cells) from the others ({sep['n_neg']} cells) by the cell-mean fade signal "
+                      f"(`{SIGNAL_PRIMARY}` at step {SIGNAL_STEP}): AUC {_r(sep['auc'], '{:.2f}')} "
+                      "(1 = every such cell above every other; NaN = a group is empty).", "",
+                      _md(sep["per_class"]), ""]
+    if missing_ckpt:
+        lines += [f"Runs without checkpoints for the continuation signal: {len(missing_ckpt)}.", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- command
+OUTPUTS = ("map.csv", "map_cells.csv", "results.md")  # always written; figures and continuation files as asked
+
+
+def _write_csv(df: pd.DataFrame, path: Path) -> None:
+    atomic_write(path, df.to_csv(index=False).encode())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m studies.removability", description="The removability map: train the grid's "
+                                 "missing runs, persist their configs/metrics, write tables and the figure.")
+    ap.add_argument("--runs", action="append", default=None, metavar="DIR",
+                    help="sweep root(s) holding run directories (default: results/removability/sweep); the first is trained into")
+    ap.add_argument("--out", default="results/removability", help="output folder (default results/removability)")
+    ap.add_argument("--tables-only", action="store_true", help="do not train: tabulate the runs already persisted "
+                    "in OUT/runs (plus finished runs under --runs)")
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), help="models (default: all)")
+    ap.add_argument("--tasks", nargs="+", choices=list(TASKS),
+                    help=f"tasks (default: {', '.join(GRID_TASKS)})")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--unforced-seeds", type=int, nargs="*", default=[0], help="seeds with an unforced run (default 0; none: give the flag alone)")
+    ap.add_argument("--steps", type=int, nargs="+", default=[3600], help="budgets (default 3600)")
+    ap.add_argument("--workers", type=int, help="parallel training runs (default: one per core)")
+    ap.add_argument("--timing", help="the sweep's result CSV (columns run, seconds, status) for per-run seconds")
+    ap.add_argument("--continuation", action="store_true", help="also measure the continuation signal on the "
+                    "runs' checkpoints (under --runs) and test it as a predictor")
+    ap.add_argument("--force", action="store_true", help="overwrite outputs or persisted runs that differ")
+    ap.add_argument("--no-figure", action="store_true")
+    return ap
+
+
+def _figures(cells: pd.DataFrame, runs: pd.DataFrame, out: Path) -> None:
+    """One map per budget: ``map.html/png`` for the first, ``map_<steps>`` for the others."""
+    budgets = sorted(set(cells.steps))
+    for steps in budgets:
+        name = "map" if steps == budgets[0] else f"map_{steps}"
+        sub_c, sub_r = cells[cells.steps == steps], runs[runs.steps == steps]
+        tasks = [t for t in TASKS if t in GRID_TASKS or t in set(sub_c.task)]
+        fig = map_figure(sub_c, sub_r, models=list(MODELS), tasks=tasks,
+                         title=f"Removability map ({steps} steps): zero-gate accuracy margin fade600->0 − "
+                               f"forced_zero (dots: seeds; n = {', '.join(map(str, sorted(set(sub_c.n_paired))))}"
+                               " per cell)")
+        atomic_write(out / f"{name}.html", fig.to_html(include_plotlyjs="cdn").encode())
+        why = export_png(fig, out / f"{name}.png")
+        if why:
+            print(f"PNG export skipped: {why}")
+
+
+def _continuation(ns, runs: pd.DataFrame, cells: pd.DataFrame, roots: list[Path], out: Path):
+    """The continuation signal: measured now (``--continuation``, needs checkpoints) or read back."""
+    sig = tests = None
+    missing: list[str] = []
+    if ns.continuation and len(runs):
+        sig, missing = continuation_rows(runs, roots)
+        _write_csv(sig, out / "continuation.csv")
+        tests = continuation_tests(sig, cells) if len(sig) else pd.DataFrame()
+        _write_csv(tests, out / "continuation_tests.csv")
+    elif (out / "continuation.csv").is_file() and len(runs):
+        sig = pd.read_csv(out / "continuation.csv")  # measured earlier (needs checkpoints); keep reporting it
+        tests = continuation_tests(sig, cells) if len(sig) else pd.DataFrame()
+    return sig, tests, missing
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    roots = [Path(r) for r in (ns.runs or ["results/removability/sweep"])]
+    out = Path(ns.out)
+    outputs = [out / n for n in OUTPUTS]
+    if not ns.no_figure:
+        outputs += [out / "map.html", out / "map.png"]
+    if ns.continuation:
+        outputs += [out / "continuation.csv", out / "continuation_tests.csv"]
+    check_outputs(outputs, force=ns.force)  # before any training: existing outputs need --force
+    cells_grid = grid(ns.models, ns.tasks, tuple(ns.steps))
+    cfgs = configs(cells_grid, seeds=tuple(ns.seeds), unforced_seeds=tuple(ns.unforced_seeds))
+    timing = None
+    if not ns.tables_only:
+
+        print(f"python -m studies.removability: {len(cfgs)} runs over {len(cells_grid)} cells into {roots[0]}/ (finished runs reused)")
+        timing = run_sweep(cfgs, roots[0], workers=ns.workers)
+        failed = timing[timing.status == "failed"]
+        for r in failed.itertuples():
+            print(f"FAILED {r.run}: {str(r.error).splitlines()[0] if r.error else 'unknown'}", file=sys.stderr)
+    if ns.timing:
+        timing = pd.read_csv(ns.timing)
+    out.mkdir(parents=True, exist_ok=True)
+    counts = persist(roots, out / "runs", timing=timing, force=ns.force)
+    print(f"persisted runs into {out / 'runs'}: {counts}")
+    runs, problems = collect(out / "runs")
+    cells = cell_table(runs) if len(runs) else pd.DataFrame()
+    _write_csv(runs, out / "map.csv")
+    _write_csv(cells, out / "map_cells.csv")
+    sig, tests, missing = _continuation(ns, runs, cells, roots, out)
+    command = "python -m studies.removability " + " ".join(argv if argv is not None else sys.argv[1:])
+    md = results_markdown(runs, cells, problems, sig=sig, tests=tests, missing_ckpt=missing,
+                          expected=len(configs(grid(), seeds=(0, 1, 2))), command=command.strip())
+    atomic_write(out / "results.md", (md + "\n").encode())
+    if not ns.no_figure and len(cells):
+        _figures(cells, runs, out)
+    print(md)
+    for p in problems:
+        print(f"not tabulated: {p}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

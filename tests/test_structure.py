@@ -1,0 +1,244 @@
+"""The shape of the code base, checked from its source: no import cycles, no imports of another
+module's private names, one process pool, the verdict words in one place, short study
+functions, product words only, a small fast command line. Each checker is also run on a
+planted violation, so a checker that sees nothing cannot pass by accident."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP = ("circuitfade", "studies")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    name = ".".join(path.relative_to(root).with_suffix("").parts)
+    return name[: -len(".__init__")] if name.endswith(".__init__") else name
+
+
+def _sources(root: Path = ROOT) -> dict[str, Path]:
+    return {_module_name(p, root): p for top in TOP for p in sorted((root / top).rglob("*.py"))}
+
+
+def _import_edges(root: Path = ROOT) -> tuple[dict[str, set[str]], list[str]]:
+    """Module -> modules it imports (function-local imports included), and every
+    ``from X import _private`` across modules."""
+    mods = _sources(root)
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    private = []
+    for m, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.split(".")[0] in TOP:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    dst = full if full in mods else node.module
+                    if dst in mods and dst != m:
+                        edges[m].add(dst)
+                    if a.name.startswith("_") and not a.name.startswith("__") and dst != m:
+                        private.append(f"{m} imports {dst}.{a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in mods and a.name != m:
+                        edges[m].add(a.name)
+    return edges, private
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of size > 1 (Tarjan), leaving out a package and its own
+    submodule importing each other (``pkg/__init__`` re-exporting ``pkg.mod``)."""
+    index, low, on, stack, comps, counter = {}, {}, set(), [], [], [0]
+    sys.setrecursionlimit(10000)
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return [c for c in comps if not (len(c) == 2 and (c[1].startswith(c[0] + ".") or c[0].startswith(c[1] + ".")))]
+
+
+def test_no_import_cycles_and_no_private_imports():
+    edges, private = _import_edges()
+    assert not _cycles(edges), _cycles(edges)
+    assert not private, private
+
+
+def test_the_cycle_and_private_checkers_see_planted_violations(tmp_path):
+    for top in TOP:
+        (tmp_path / top).mkdir()
+        (tmp_path / top / "__init__.py").write_text("")
+    (tmp_path / "studies" / "a.py").write_text("def f():\n    from studies.b import g\n")
+    (tmp_path / "studies" / "b.py").write_text("from studies.a import f\nfrom circuitfade.x import _hidden\n")
+    (tmp_path / "circuitfade" / "x.py").write_text("_hidden = 1\n")
+    edges, private = _import_edges(tmp_path)
+    assert _cycles(edges) == [["studies.a", "studies.b"]]
+    assert private == ["studies.b imports circuitfade.x._hidden"]
+
+
+def _pool_makers(root: Path = ROOT) -> list[str]:
+    out = []
+    for m, path in _sources(root).items():
+        text = path.read_text()
+        if re.search(r"\bProcessPoolExecutor\(|\bmultiprocessing\.Pool\(|\bmp\.Pool\(|\bget_context\([^)]*\)\.Pool\(", text):
+            out.append(m)
+    return out
+
+
+def test_exactly_one_module_creates_a_process_pool():
+    assert _pool_makers() == ["circuitfade.train.jobs"]
+
+
+def test_the_pool_checker_sees_a_second_pool(tmp_path):
+    for top in TOP:
+        (tmp_path / top).mkdir()
+    (tmp_path / "studies" / "s.py").write_text("from concurrent.futures import ProcessPoolExecutor\n"
+                                               "pool = ProcessPoolExecutor(2)\n")
+    assert _pool_makers(tmp_path) == ["studies.s"]
+
+
+OUTCOME_WORDS = ("reproduced", "not reproduced", "partly", "inconclusive", "not testable")
+
+
+def _outcome_literals(root: Path = ROOT) -> list[str]:
+    """String constants (not docstrings) equal to a verdict word, outside circuitfade.claims."""
+    out = []
+    for m, path in _sources(root).items():
+        if m == "circuitfade.claims":
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs \
+                    and n.value.strip() in OUTCOME_WORDS:
+                out.append(f"{m}:{n.lineno}: {n.value!r}")
+    return out
+
+
+def test_the_outcome_words_are_defined_only_in_claims():
+    assert not _outcome_literals(), _outcome_literals()
+
+
+def test_the_outcome_checker_sees_a_literal(tmp_path):
+    for top in TOP:
+        (tmp_path / top).mkdir()
+    (tmp_path / "studies" / "s.py").write_text('"""reproduced in a docstring is fine."""\nv = "not reproduced"\n')
+    assert _outcome_literals(tmp_path) == ["studies.s:2: 'not reproduced'"]
+
+
+def _long_functions(root: Path = ROOT, limit: int = 80) -> list[str]:
+    out = []
+    for m, path in _sources(root).items():
+        if not m.startswith("studies"):
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit:
+                out.append(f"{m}.{n.name}: {n.end_lineno - n.lineno + 1} lines")
+    return out
+
+
+def test_no_study_function_is_longer_than_80_lines():
+    assert not _long_functions(), _long_functions()
+
+
+def test_the_length_checker_sees_a_long_function(tmp_path):
+    for top in TOP:
+        (tmp_path / top).mkdir()
+    (tmp_path / "studies" / "s.py").write_text("def f():\n" + "    x = 1\n" * 80)
+    assert _long_functions(tmp_path) == ["studies.s.f: 81 lines"]
+
+
+PRODUCT_WORDS = re.compile(r"issue [0-9]+|\.\./shared|seeds/0|load average")
+
+
+def _off_product(root: Path = ROOT) -> list[str]:
+    out = []
+    files = [root / "README.md"] + [p for d in ("docs", "circuitfade", "studies", "results") if (root / d).is_dir()
+                                    for p in (root / d).rglob("*") if p.is_file() and p.suffix in
+                                    (".md", ".py", ".csv", ".json", ".txt", ".yml", ".yaml")]
+    for p in files:
+        if not p.is_file():
+            continue
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if PRODUCT_WORDS.search(line):
+                out.append(f"{p.relative_to(root)}:{i}")
+    return out
+
+
+def test_product_words_only():
+    bad = _off_product()
+    assert not bad, bad[:20]
+
+
+def test_the_product_word_checker_sees_an_issue_number(tmp_path):
+    (tmp_path / "README.md").write_text("fine\nfixed in issue 12\n")
+    assert _off_product(tmp_path) == ["README.md:2"]
+
+
+def test_readme_is_a_front_door():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200 and len(text.encode()) <= 15 * 1024
+
+
+def test_circuitfade_cli_has_at_most_six_subcommands():
+    from circuitfade.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert len(sub.choices) <= 6, sorted(sub.choices)
+
+
+def _median_wall(cmd: list[str], n: int = 3) -> float:
+    walls = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+        walls.append(time.perf_counter() - t0)
+    return sorted(walls)[n // 2]
+
+
+def test_cli_help_imports_nothing_heavy():
+    """``circuitfade --help`` builds its parser without torch, TransformerLens or pandas (the
+    brief's "under 2 s" is a consequence; timed side by side in benchmarks/cli_help.py)."""
+    code = ("import sys, contextlib, io\nfrom circuitfade.cli import build_parser\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        build_parser().parse_args(['--help'])\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('torch', 'transformer_lens', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study", ["paper", "removability", "history", "development", "alignment"])
+def test_every_study_has_a_help(study):
+    out = subprocess.run([sys.executable, "-m", f"studies.{study}", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "usage" in out.stdout.lower()
