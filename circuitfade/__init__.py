@@ -3,17 +3,22 @@
 The package is layered; each layer imports only the ones above it in this list
 (``tests/test_layering.py`` enforces it):
 
-0. ``io``                    atomic writes, pickle-free tensor files
+0. ``io``                    atomic writes, pickle-free tensor files, content hashes
+   ``stats``                 every statistic (t intervals, Wilson, bootstrap, sign tests)
+   ``claims``                pre-registered claims: Claim, Outcome, interval rules, verdict tables
    ``compat``                which TransformerLens line (3.9 / 4.x) is installed; the only
                              module outside ``model`` that names one line's classes
 1. ``model``                 SoftPriorConfig / SoftPriorTransformer, the prior registry
 2. ``tasks``, ``gating``     data; schedules, gate paths, evaluation conditions
-3. ``train``                 the trainer, run directories, sweeps
+3. ``train``                 configs, the loop, run directories, the job pool, sweeps, recipes
 4. ``store``                 checkpoint series from any source, ``trace``
 5. ``analysis``              metrics on models and traced series
-6. ``viz``                   plots, tables, HTML reports
-7. ``experiments``           the papers' protocols
-8. ``cli``                   the ``circuitfade`` command
+6. ``viz``                   plots, tables, HTML reports, the screen report
+7. ``cli``                   the ``circuitfade`` command (train, demo, local-series, analyze, screen)
+
+The studies built on the library (the papers' protocols) live beside the package, in the
+repository's ``studies/`` folder, and are run as ``python -m studies.<name>``; nothing here
+imports them.
 
 ``circuitfade.plots`` still resolves (to :mod:`circuitfade.viz.plots`) for older notebooks.
 """
