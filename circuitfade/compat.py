@@ -20,10 +20,13 @@ mode) is used directly by the analysis code; everything that differs is here:
 * :func:`model_from_hf`: a TransformerLens model of a loaded ``transformers`` model
   (local folders, offline);
 * :func:`load_hub_model`: a hub model revision (needs network);
-* :func:`is_tl_model`: whether an object is a TransformerLens model of either line;
-* :func:`require_tl3`: the one-line error for features that need the 3.x line (the
-  soft-prior model subclasses ``HookedTransformer``; see the README's
-  "TransformerLens 4" section).
+* :func:`is_tl_model`: whether an object is a TransformerLens model of either line.
+
+The soft-prior model itself works on both lines (:mod:`circuitfade.model`: a
+``HookedTransformer`` subclass on 3.x, a native ``HookedRootModule`` with the same
+parameters, hooks and numerics on 4.x); its shells are chosen in
+:mod:`circuitfade.model.transformer` and :mod:`circuitfade.model.config` with
+:func:`is_tl4`.
 
 Nothing here imports TransformerLens at import time (``import circuitfade`` stays
 cheap); the line is detected on first use.
@@ -53,7 +56,6 @@ __all__ = [
     "TLLineError",
     "is_tl4",
     "tl_version",
-    "require_tl3",
     "config_class_name",
     "config_fields",
     "config_required_fields",
@@ -65,9 +67,6 @@ __all__ = [
     "load_hub_model",
     "is_tl_model",
 ]
-
-TRAINING_LINE = "transformer-lens>=3.9,<4"
-"""The requirement of the training line (the soft-prior model and the trainer)."""
 
 
 class TLLineError(RuntimeError):
@@ -94,16 +93,6 @@ def tl_version() -> str:
         return version("transformer-lens")
     except PackageNotFoundError:  # pragma: no cover - source checkouts
         return "unknown"
-
-
-def require_tl3(what: str) -> None:
-    """Raise :class:`TLLineError` (one line) if ``what`` is used under TransformerLens 4."""
-    if is_tl4():
-        raise TLLineError(
-            f"{what} needs TransformerLens 3.x (it subclasses HookedTransformer, which TransformerLens 4 "
-            f"removed; installed: transformer-lens {tl_version()}): pip install '{TRAINING_LINE}'. "
-            "Analyses of TransformerBridge models work on 4.x (README: TransformerLens 4)"
-        )
 
 
 # --------------------------------------------------------------------------------------
