@@ -210,7 +210,8 @@ def native_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module) 
     3.x: unchanged. 4.x, for a ``boot_native`` bridge and a ``HookedTransformer``-format
     state dict (``embed.W_E``, ``blocks.0.attn.W_Q`` ``[head, d_model, d_head]``, ...):
     TransformerLens's ``convert_tl_checkpoint`` (per-head shapes checked against the
-    config; ``mask``/``IGNORE`` buffers dropped). A dict already in bridge form passes
+    config; ``mask``/``IGNORE`` and the rotary ``rotary_sin``/``rotary_cos`` buffers dropped;
+    rotary query/key features reordered from GPT-NeoX to adjacent pairs). A dict already in bridge form passes
     unchanged. Works on meta tensors (header checks). Raises ValueError for a tensor
     that does not fit the config.
     """
@@ -219,7 +220,31 @@ def native_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module) 
         return sd
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
-    return convert_tl_checkpoint(sd, model.cfg)
+    # rotary tables are buffers on HookedTransformer; the bridge recomputes them from the config
+    sd = {k: v for k, v in sd.items() if not k.endswith((".rotary_sin", ".rotary_cos"))}
+    cfg = model.cfg
+    if getattr(cfg, "positional_embedding_type", None) == "rotary" and not getattr(cfg, "rotary_adjacent_pairs", False):
+        sd = _neox_to_adjacent_pairs(sd, cfg)
+    return convert_tl_checkpoint(sd, cfg)
+
+
+def _neox_to_adjacent_pairs(sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+    """Reorder the query/key features of a ``HookedTransformer`` rotary checkpoint (GPT-NeoX
+    pairing: feature ``i`` rotates with ``i + r/2``) for the bridge's native rotary (adjacent
+    pairs ``2i, 2i+1``): new feature ``2i`` = old ``i``, ``2i+1`` = old ``i + r/2`` for
+    ``i < r/2`` (``r = rotary_dim``), the rest unchanged. ``q·k`` is unchanged by a shared
+    reordering, so the attention scores are those of the checkpoint."""
+    d_head = cfg.d_head
+    r = getattr(cfg, "rotary_dim", None) or d_head
+    half = r // 2
+    perm = [j for i in range(half) for j in (i, i + half)] + list(range(r, d_head))
+    index = torch.tensor(perm)
+    out = {}
+    for k, v in sd.items():
+        if k.endswith((".attn.W_Q", ".attn.W_K", ".attn.b_Q", ".attn.b_K")) and v.shape[-1] == d_head:
+            v = v.index_select(-1, index.to(v.device))
+        out[k] = v
+    return out
 
 
 def is_tl_model(obj) -> bool:

@@ -198,6 +198,12 @@ class SoftPriorTransformer(SoftPriorCore, HookedRootModule):
             if module is not None:
                 module.to(target)
 
+    def to_hooked_transformer(self) -> nn.Module:
+        """:meth:`to_plain_model` under the 3.x name: on TransformerLens 4, which has no
+        ``HookedTransformer``, the ``TransformerBridge`` in compatibility mode that replaces it
+        (same backbone weights, no priors; at zero gates the same logits)."""
+        return self.to_plain_model()
+
     def init_weights(self) -> None:
         """Re-draw every ``W_*`` parameter as ``HookedTransformer.init_weights`` does (see
         :func:`circuitfade.model.backbone.init_weights`)."""

@@ -115,6 +115,24 @@ def test_a_mismatching_output_is_detected(fixture):
         torch.testing.assert_close(got["logits_hooked"], tensors[f"{name}/logits_hooked"], atol=ATOL, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["nope_pos_content", "standard_ln_gelu_mlp", "rotary_alibi", "rms_seeded_gelu_new"])
+def test_plain_model_of_the_line_equals_the_model_at_zero_gates(name):
+    """``to_plain_model``: a ``HookedTransformer`` on 3.x, a ``TransformerBridge`` on 4.x (rotary
+    features reordered for the bridge's pairing); with every gate at zero, the same logits."""
+    model = C.build(name)
+    C.perturb(model)
+    x = C.inputs(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        plain = model.to_plain_model()
+    assert type(plain).__name__ == ("TransformerBridge" if compat.is_tl4() else "HookedTransformer")
+    with torch.no_grad():
+        ref = plain(x)
+        with model.gates(**{p: 0.0 for p in model.cfg.priors}):
+            torch.testing.assert_close(model(x), ref, atol=ATOL, rtol=1e-5)
+        assert (model(x) - ref).abs().max() > 1e-3  # the priors matter at the trained gates
+
+
 # ------------------------------------------------------------------ training across lines
 def _metrics(path: Path) -> pd.DataFrame:
     return pd.read_csv(path)
