@@ -25,10 +25,11 @@ TransformerLens 3.9 term by term.
 * :func:`rotary_tables`, :func:`apply_rotary` - rotary embeddings (GPT-J or GPT-NeoX
   pairing, linear scaling factor).
 
-Features that ``HookedTransformer`` has and the soft-prior model never used (gated or
-mixture-of-experts MLPs, grouped-query attention, QK-norm, local attention, NTK/YaRN
-rotary scaling, 4-bit weights, ...) raise ``ValueError`` naming the field
-(:func:`check_native_config`).
+``HookedTransformer`` options that give the 3.x shell other modules or tables (gated or
+mixture-of-experts MLPs, QK-norm, a post-embedding LayerNorm, extra norms, attention sinks,
+NTK/YaRN rotary tables, 4-bit weights, several devices, an ``xielu`` MLP) raise
+``ValueError`` naming the field (:func:`check_native_config`); options the soft-prior
+model ignores on 3.x are ignored here too.
 """
 
 from __future__ import annotations
@@ -261,14 +262,11 @@ class BackboneConfig:
         return self.act_fn is not None and self.act_fn.endswith("_ln")
 
 
-_UNSUPPORTED = (  # (field, value that the native shell supports) - anything else raises
-    ("n_key_value_heads", None), ("gated_mlp", False), ("num_experts", None), ("use_split_qkv_input", False),
-    ("use_attn_in", False), ("use_qk_norm", False), ("clip_qkv", None), ("use_logn_attn", False),
-    ("use_dynamic_ntk_rope", False), ("use_local_attn", False), ("parallel_attn_mlp", False),
-    ("post_embedding_ln", False), ("load_in_4bit", False), ("use_normalization_before_and_after", False),
-    ("use_NTK_by_parts_rope", False), ("use_yarn_rope", False), ("use_attention_sinks", False),
-    ("n_devices", 1), ("attention_dir", "causal"), ("output_logits_soft_cap", SOFTCAP_DISABLED),
-    ("use_hook_mlp_in", False),
+_UNSUPPORTED = (  # (field, the value the native shell supports): the other values change the 3.x shell's
+    # module tree or tables (extra parameters, other MLPs, other rotary tables), so no native equivalent
+    ("gated_mlp", False), ("num_experts", None), ("use_qk_norm", False), ("post_embedding_ln", False),
+    ("use_normalization_before_and_after", False), ("load_in_4bit", False), ("parallel_attn_mlp", False),
+    ("n_devices", 1), ("use_NTK_by_parts_rope", False), ("use_yarn_rope", False), ("use_attention_sinks", False),
 )
 
 
