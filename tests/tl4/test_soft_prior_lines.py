@@ -155,7 +155,7 @@ def test_a_run_directory_written_on_39_resumes_here_to_the_39_result(tmp_path):
     _assert_same_metrics(_metrics(run / "metrics.csv"), _metrics(DATA / "run39" / "metrics.csv"))
     want = load_tensors(DATA / "run39" / "checkpoints" / "step_000024.safetensors")
     got = load_tensors(run / "checkpoints" / "step_000024.safetensors")
-    assert list(got) == list(want)
+    assert sorted(got) == sorted(want)  # (a safetensors file does not keep the order of empty tensors)
     for k in want:
         torch.testing.assert_close(got[k], want[k], atol=ATOL, rtol=1e-4, msg=k)
 
