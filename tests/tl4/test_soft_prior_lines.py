@@ -144,7 +144,7 @@ def _assert_same_metrics(got: pd.DataFrame, expected: pd.DataFrame) -> None:
 
 
 def test_a_run_directory_written_on_39_resumes_here_to_the_39_result(tmp_path):
-    from circuitfade.train.loop import RunConfig, train
+    from circuitfade.train import RunConfig, train
 
     run = tmp_path / "run"
     shutil.copytree(DATA / "run39", run)
@@ -161,7 +161,7 @@ def test_a_run_directory_written_on_39_resumes_here_to_the_39_result(tmp_path):
 
 
 def test_a_run_trained_here_from_the_same_seed_has_the_39_metrics(tmp_path):
-    from circuitfade.train.loop import RunConfig, train
+    from circuitfade.train import RunConfig, train
 
     train(RunConfig(**C.RUN_CONFIG), tmp_path / "run", progress=False)
     expected = _metrics(DATA / "run39" / "metrics.csv")
@@ -185,7 +185,7 @@ def test_a_run_directory_written_on_39_opens_here(tmp_path):
 def test_the_200_step_run_has_the_39_metrics(tmp_path):
     """The base model, assoc, fade60+100->0, seed 0, 200 steps: metrics.csv equals the one
     written on 3.9 (bit for bit on the machine that wrote it; 1e-5 across machines)."""
-    from circuitfade.train.loop import RunConfig, train
+    from circuitfade.train import RunConfig, train
 
     train(RunConfig(**C.RUN200_CONFIG), tmp_path / "run", progress=False)
     _assert_same_metrics(_metrics(tmp_path / "run" / "metrics.csv"), _metrics(DATA / "run200_39_metrics.csv"))

@@ -27,7 +27,7 @@ import soft_prior_cases as C  # noqa: E402
 
 from circuitfade import compat  # noqa: E402
 from circuitfade.io import save_tensors, write_json  # noqa: E402
-from circuitfade.train.loop import RunConfig, train  # noqa: E402
+from circuitfade.train import RunConfig, train  # noqa: E402
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
