@@ -20,10 +20,13 @@ mode) is used directly by the analysis code; everything that differs is here:
 * :func:`model_from_hf`: a TransformerLens model of a loaded ``transformers`` model
   (local folders, offline);
 * :func:`load_hub_model`: a hub model revision (needs network);
-* :func:`is_tl_model`: whether an object is a TransformerLens model of either line;
-* :func:`require_tl3`: the one-line error for features that need the 3.x line (the
-  soft-prior model subclasses ``HookedTransformer``; see the README's
-  "TransformerLens 4" section).
+* :func:`is_tl_model`: whether an object is a TransformerLens model of either line.
+
+The soft-prior model itself works on both lines (:mod:`circuitfade.model`: a
+``HookedTransformer`` subclass on 3.x, a native ``HookedRootModule`` with the same
+parameters, hooks and numerics on 4.x); its shells are chosen in
+:mod:`circuitfade.model.transformer` and :mod:`circuitfade.model.config` with
+:func:`is_tl4`.
 
 Nothing here imports TransformerLens at import time (``import circuitfade`` stays
 cheap); the line is detected on first use.
@@ -53,7 +56,6 @@ __all__ = [
     "TLLineError",
     "is_tl4",
     "tl_version",
-    "require_tl3",
     "config_class_name",
     "config_fields",
     "config_required_fields",
@@ -65,9 +67,6 @@ __all__ = [
     "load_hub_model",
     "is_tl_model",
 ]
-
-TRAINING_LINE = "transformer-lens>=3.9,<4"
-"""The requirement of the training line (the soft-prior model and the trainer)."""
 
 
 class TLLineError(RuntimeError):
@@ -94,16 +93,6 @@ def tl_version() -> str:
         return version("transformer-lens")
     except PackageNotFoundError:  # pragma: no cover - source checkouts
         return "unknown"
-
-
-def require_tl3(what: str) -> None:
-    """Raise :class:`TLLineError` (one line) if ``what`` is used under TransformerLens 4."""
-    if is_tl4():
-        raise TLLineError(
-            f"{what} needs TransformerLens 3.x (it subclasses HookedTransformer, which TransformerLens 4 "
-            f"removed; installed: transformer-lens {tl_version()}): pip install '{TRAINING_LINE}'. "
-            "Analyses of TransformerBridge models work on 4.x (README: TransformerLens 4)"
-        )
 
 
 # --------------------------------------------------------------------------------------
@@ -221,7 +210,8 @@ def native_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module) 
     3.x: unchanged. 4.x, for a ``boot_native`` bridge and a ``HookedTransformer``-format
     state dict (``embed.W_E``, ``blocks.0.attn.W_Q`` ``[head, d_model, d_head]``, ...):
     TransformerLens's ``convert_tl_checkpoint`` (per-head shapes checked against the
-    config; ``mask``/``IGNORE`` buffers dropped). A dict already in bridge form passes
+    config; ``mask``/``IGNORE`` and the rotary ``rotary_sin``/``rotary_cos`` buffers dropped;
+    rotary query/key features reordered from GPT-NeoX to adjacent pairs). A dict already in bridge form passes
     unchanged. Works on meta tensors (header checks). Raises ValueError for a tensor
     that does not fit the config.
     """
@@ -230,7 +220,31 @@ def native_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module) 
         return sd
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
-    return convert_tl_checkpoint(sd, model.cfg)
+    # rotary tables are buffers on HookedTransformer; the bridge recomputes them from the config
+    sd = {k: v for k, v in sd.items() if not k.endswith((".rotary_sin", ".rotary_cos"))}
+    cfg = model.cfg
+    if getattr(cfg, "positional_embedding_type", None) == "rotary" and not getattr(cfg, "rotary_adjacent_pairs", False):
+        sd = _neox_to_adjacent_pairs(sd, cfg)
+    return convert_tl_checkpoint(sd, cfg)
+
+
+def _neox_to_adjacent_pairs(sd: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+    """Reorder the query/key features of a ``HookedTransformer`` rotary checkpoint (GPT-NeoX
+    pairing: feature ``i`` rotates with ``i + r/2``) for the bridge's native rotary (adjacent
+    pairs ``2i, 2i+1``): new feature ``2i`` = old ``i``, ``2i+1`` = old ``i + r/2`` for
+    ``i < r/2`` (``r = rotary_dim``), the rest unchanged. ``q·k`` is unchanged by a shared
+    reordering, so the attention scores are those of the checkpoint."""
+    d_head = cfg.d_head
+    r = getattr(cfg, "rotary_dim", None) or d_head
+    half = r // 2
+    perm = [j for i in range(half) for j in (i, i + half)] + list(range(r, d_head))
+    index = torch.tensor(perm)
+    out = {}
+    for k, v in sd.items():
+        if k.endswith((".attn.W_Q", ".attn.W_K", ".attn.b_Q", ".attn.b_K")) and v.shape[-1] == d_head:
+            v = v.index_select(-1, index.to(v.device))
+        out[k] = v
+    return out
 
 
 def is_tl_model(obj) -> bool:

@@ -1,4 +1,4 @@
-"""SoftPriorTransformer: hooks, gates, equivalences, persistence, bad input."""
+"""SoftPriorTransformer: hooks, gates, equivalences, persistence, bad input (on either TransformerLens line)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ def tokens():
 
 
 def plain(model):
+    """The installed line's plain TransformerLens model with ``model``'s backbone weights."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return model.to_hooked_transformer()
+        return model.to_plain_model()
 
 
 def test_default_is_paper_base_model(model):

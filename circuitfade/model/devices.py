@@ -56,16 +56,23 @@ def resolve_device(name: str | torch.device | None = "cpu") -> torch.device:
 def to_device(model: torch.nn.Module, device: str | torch.device | None) -> torch.nn.Module:
     """``model`` moved (in place) to :func:`resolve_device` of ``device``; ``None`` leaves it.
 
-    A TransformerLens model is moved with its ``cfg.device`` updated and without its
-    progress message.
+    A ``HookedTransformer`` or soft-prior model is moved with its ``cfg.device`` updated and
+    without its progress message.
     """
     if device is None:
         return model
     target = resolve_device(device)
-    try:
-        from transformer_lens import HookedTransformer
-    except ImportError:  # pragma: no cover - transformer-lens is a dependency
-        HookedTransformer = ()  # type: ignore[assignment]
-    if isinstance(model, HookedTransformer):
+    if getattr(model, "supports_positions", False) or _is_hooked_transformer(model):
+        # HookedTransformer.to and the soft-prior model's to also update cfg.device
         return model.to(target, print_details=False)
     return model.to(target)
+
+
+def _is_hooked_transformer(model) -> bool:
+    from circuitfade.compat import is_tl4
+
+    if is_tl4():
+        return False
+    from transformer_lens import HookedTransformer
+
+    return isinstance(model, HookedTransformer)

@@ -1,17 +1,16 @@
-"""What differs between the TransformerLens lines: the soft-prior model and the trainer
-need 3.x and say so in one line under 4.x; the plain-model and hub entry points pick
-the installed line's classes."""
+"""What differs between the TransformerLens lines: the soft-prior model is a
+``HookedTransformer`` on 3.x and a native ``HookedRootModule`` on 4.x (and trains,
+attaches and runs the CLI on both); the plain-model and hub entry points pick the
+installed line's classes."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from circuitfade import compat
 
 pytestmark = pytest.mark.tl4
 tl4_only = pytest.mark.skipif(not compat.is_tl4(), reason="TransformerLens 3.x installed: checks the 4.x behaviour")
-tl3_only = pytest.mark.skipif(compat.is_tl4(), reason="TransformerLens 4.x installed: checks the 3.x behaviour")
 
 
 def test_line_detection_agrees_with_the_installed_version():
@@ -20,51 +19,50 @@ def test_line_detection_agrees_with_the_installed_version():
     assert compat.config_class_name() == ("TransformerBridgeConfig" if major >= 4 else "HookedTransformerConfig")
 
 
-@tl4_only
-@pytest.mark.parametrize("use", [
-    lambda m: m.SoftPriorConfig(),
-    lambda m: m.SoftPriorConfig.base(),
-    lambda m: m.SoftPriorTransformer.from_pretrained("some/dir"),
-    lambda m: m.SoftPriorTransformer(None),
-], ids=["config", "preset", "from_pretrained", "model"])
-def test_soft_prior_model_raises_one_line_on_tl4(use):
-    import circuitfade.model as m
+def test_soft_prior_model_is_the_lines_model():
+    """3.x: a HookedTransformer subclass; 4.x: a native HookedRootModule (TransformerLens 4 has no
+    HookedTransformer). Either way a TransformerLens model with the soft-prior hooks."""
+    from transformer_lens import HookedRootModule
 
-    with pytest.raises(compat.TLLineError) as e:
-        use(m)
-    msg = str(e.value)
-    assert "\n" not in msg and "TransformerLens 3" in msg and "transformer-lens>=3.9,<4" in msg
-    assert not isinstance(torch.zeros(1), m.SoftPriorConfig)  # isinstance checks still work
+    from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 
+    model = SoftPriorTransformer(SoftPriorConfig(n_layers=1))
+    assert isinstance(model, HookedRootModule) and compat.is_tl_model(model)
+    assert type(model).__module__ == ("circuitfade.model.native" if compat.is_tl4() else "circuitfade.model.hooked")
+    assert {"blocks.0.attn.hook_prior", "blocks.0.attn.hook_gate_pos", "blocks.0.attn.hook_z"} <= set(model.hook_dict)
+    if not compat.is_tl4():
+        from transformer_lens import HookedTransformer
 
-@tl4_only
-def test_trainer_and_run_configs_raise_one_line_on_tl4():
-    from circuitfade.train import RunConfig, train
-
-    with pytest.raises(compat.TLLineError, match="needs TransformerLens 3"):
-        RunConfig().model_config()
-    with pytest.raises(compat.TLLineError, match="needs TransformerLens 3"):
-        train(RunConfig(), None)
+        assert isinstance(model, HookedTransformer)
+        assert isinstance(compat.plain_model(dict(n_layers=1, d_model=8, n_ctx=4, d_head=2, n_heads=4, d_vocab=5,
+                                                  attn_only=True)), HookedTransformer)
 
 
-@tl4_only
-def test_soft_prior_config_dict_in_attach_raises_one_line(tmp_path):
-    from circuitfade.store import attach
+def test_cli_trains_on_this_line(capsys, tmp_path):
+    from circuitfade.cli import main
+    from circuitfade.store import open_run
 
-    (tmp_path / "ckpt_0.safetensors").write_bytes(b"")
-    with pytest.raises(compat.TLLineError):
-        attach(tmp_path, config={"priors": ["pos"], "gate_modes": {}})
+    assert main(["train", "--steps", "2", "--quiet", "--out", str(tmp_path / "run")]) == 0
+    series = open_run(tmp_path / "run")
+    assert series.steps[-1] == 2 and compat.is_tl_model(series[2])
 
 
-@tl4_only
-def test_attaching_a_circuitfade_run_raises_one_line_on_tl4():
+def test_attaching_a_circuitfade_run_written_on_39_works_here():
     from pathlib import Path
 
+    from circuitfade.analysis import evaluate
+    from circuitfade.model import SoftPriorTransformer
     from circuitfade.store import attach
 
-    run = Path(__file__).resolve().parents[2] / "assets" / "series" / "fade600to0"  # a shipped soft-prior run
-    with pytest.raises(compat.TLLineError, match="needs TransformerLens 3"):
-        attach(run)
+    run = Path(__file__).resolve().parents[2] / "assets" / "series" / "fade600to0"  # shipped, trained on 3.9
+    series = attach(run)
+    model = series[series.steps[-1]]
+    assert isinstance(model, SoftPriorTransformer)
+    from circuitfade.tasks import eval_set
+
+    batch = eval_set(series.task, 128, seed=0)
+    assert evaluate(model, series.task, batch=batch)["accuracy"] > 0.5  # a trained model, read on this line
+    assert evaluate(model, series.task, gates="zero", batch=batch)["accuracy"] >= 0.0
 
 
 @tl4_only
@@ -73,28 +71,6 @@ def test_hooked_backend_for_hub_revisions_raises_on_tl4():
 
     with pytest.raises(compat.TLLineError, match="backend='bridge'"):
         load_revision("EleutherAI/pythia-14m", 1000, backend="hooked")  # raises before any download
-
-
-@tl4_only
-def test_cli_reports_the_line_error_in_one_line(capsys, tmp_path):
-    from circuitfade.cli import main
-
-    assert main(["train", "--steps", "1", "--quiet", "--out", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("circuitfade train: error:") and "TransformerLens 3" in err and "\n" not in err
-
-
-@tl3_only
-def test_tl3_keeps_the_soft_prior_model_and_hooked_transformer():
-    from transformer_lens import HookedTransformer
-
-    from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
-
-    compat.require_tl3("anything")  # no-op on 3.x
-    model = SoftPriorTransformer(SoftPriorConfig(n_layers=1))
-    assert isinstance(model, HookedTransformer) and compat.is_tl_model(model)
-    assert isinstance(compat.plain_model(dict(n_layers=1, d_model=8, n_ctx=4, d_head=2, n_heads=4, d_vocab=5,
-                                              attn_only=True)), HookedTransformer)
 
 
 def test_tl4_requirements_list_every_core_dependency_but_transformer_lens():
@@ -120,8 +96,8 @@ def _tl_importers(pkg):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            # TransformerLens itself, or the 3.x-only model module (import circuitfade.model instead)
-            if any(n == "transformer_lens" or n.startswith("transformer_lens.") or n == "circuitfade.model.transformer"
+            # TransformerLens itself, or the 3.x-only model shell (import circuitfade.model instead)
+            if any(n == "transformer_lens" or n.startswith("transformer_lens.") or n == "circuitfade.model.hooked"
                    for n in names):
                 yield rel, node.lineno
 
@@ -139,7 +115,7 @@ def test_only_compat_and_the_model_import_transformer_lens(tmp_path):
     (tmp_path / "store").mkdir()
     (tmp_path / "compat.py").write_text("import transformer_lens\n")
     (tmp_path / "store" / "x.py").write_text("def f():\n    from transformer_lens.hook_points import HookPoint\n")
-    (tmp_path / "gating.py").write_text("from circuitfade.model.transformer import GATE_MODES\n")
+    (tmp_path / "gating.py").write_text("from circuitfade.model.hooked import SoftPriorTransformer\n")
     assert _outside_the_adapter(tmp_path) == ["gating.py:1", "store/x.py:2"]
 
 
@@ -153,7 +129,7 @@ def test_every_module_imports_on_the_installed_line():
     assert "circuitfade.store.sources" in names and "circuitfade.viz.report" in names
     skip = {"circuitfade.__main__"}  # runs the CLI
     if compat.is_tl4():
-        skip.add("circuitfade.model.transformer")  # the 3.x-only model itself
+        skip.add("circuitfade.model.hooked")  # the 3.x-only shell of the model
     failed = {}
     for name in sorted(set(names) - skip):
         try:
