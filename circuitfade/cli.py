@@ -28,7 +28,7 @@ class UsageError(ValueError):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from concurrent.futures import BrokenExecutor  # a worker process died (killed, out of memory)
 
-    from circuitfade.compat import TLLineError  # the training line's features under TransformerLens 4
+    from circuitfade.compat import TLLineError  # backend='hooked' under TransformerLens 4
     from circuitfade.train import RunLocked, TrainingDiverged
 
     return (ValueError, OSError, RunLocked, TrainingDiverged, BrokenExecutor, TLLineError)
