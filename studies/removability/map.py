@@ -15,14 +15,16 @@ cell) is trained once.
 copies every finished run's ``config.json``, ``metrics.csv`` and ``done.json``
 (never its checkpoints) into ``OUT/runs/<run>/`` and builds the tables and the
 figure from those copies, so ``python -m studies.removability --tables-only`` rebuilds everything
-on a machine without the runs. Definitions and rules (all fixed here, before any
-result was looked at):
+on a machine without the runs. Definitions and rules (declared, with the grid and how it
+was extended, in :mod:`studies.removability.declaration`; fixed before any result was looked
+at, except the 10,800-step budget, added after the 3,600-step results):
 
 * zero-gate accuracy: the run's final ``acc_zero`` (``eval_size`` = 512 sequences;
   its binomial standard error ``sqrt(p (1 - p) / n)`` with ``n`` = the eval set's
   sequences, an approximation since answer positions within a sequence are pooled);
 * margin: per seed, ``acc_zero(fade600->0) - acc_zero(forced_zero)`` (same seed);
-  interval: 95% Student-t over the per-seed margins (``t_{.975, n-1} sd / sqrt(n)``);
+  interval: 95% paired Student t over the seeds (``t_{.975, n-1} sd / sqrt(n)`` of the
+  per-seed margins, :func:`circuitfade.stats.paired_t_interval`);
 * on the plateau: final zero-gate accuracy below :data:`PLATEAU_ACC` = 0.3;
 * time to threshold: the first evaluated step with ``acc_zero >= 0.5``
   (:data:`THRESHOLD`; evaluation every 100 steps; NaN = never within the budget);
@@ -62,32 +64,26 @@ from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
 from circuitfade.train.sweep import run_sweep
 from circuitfade.viz.report import markdown_table
-from studies.history.study import t_interval as _t
+from circuitfade.stats import paired_t_interval
+from circuitfade.stats import t_interval as _t
+from studies.removability.declaration import DECLARATION
 from studies.removability.figures import export_png, map_figure
 
-MODELS = {  # label -> RunConfig.model overrides (4 heads throughout)
-    "L2 d64": {},
-    "L2 d128": {"d_model": 128, "d_head": 32},
-    "L4 d64": {"n_layers": 4},
-    "L4 d128": {"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4},
-}
-TASKS = {  # label -> RunConfig.task
-    "recall (default)": {"name": "assoc"},
-    "recall (shared vocab)": {"name": "assoc", "shared_vocab": True},
-    "markov (p=0.5)": {"name": "markov", "p": 0.5},  # the paper's Markov runs (one config, shared)
-}
-GRID_TASKS = ("recall (default)", "recall (shared vocab)")  # grid() default; Markov only where asked for
-BASELINE, FADE, UNFORCED = "forced_zero", "fade600->0", "unforced"
+_D = DECLARATION.data
+MODELS = {k: dict(v) for k, v in _D["models"].items()}  # label -> RunConfig.model overrides (4 heads throughout)
+TASKS = {k: dict(v) for k, v in _D["tasks"].items()}  # label -> RunConfig.task
+GRID_TASKS = tuple(_D["grid_tasks"])  # grid() default; Markov only where asked for
+BASELINE, FADE, UNFORCED = _D["paths"]["baseline"], _D["paths"]["fade"], _D["paths"]["unforced"]
 PATHS = (BASELINE, FADE, UNFORCED)
 # rough single-core minutes per 3,600-step run on the project's CI-class machine
 COST_MIN = {"L2 d64": 1.5, "L2 d128": 2.5, "L4 d64": 3.0, "L4 d128": 8.0}
 
-# ---- rules, fixed before any map result was seen (see the module docstring)
-PLATEAU_ACC = 0.3
-THRESHOLD = 0.5
-DECIDES_MARGIN = 0.2
-SIGNAL_STEP = 600
-SIGNAL_PRIMARY = "circuit_share"  # ||P_C g|| / ||g||: scale-free across model sizes
+# ---- rules, declared before any map result was seen (studies/removability/declaration.py)
+PLATEAU_ACC = _D["rules"]["plateau_acc"]
+THRESHOLD = _D["rules"]["threshold"]
+DECIDES_MARGIN = _D["rules"]["decides_margin"]
+SIGNAL_STEP = _D["continuation"]["signal_step"]
+SIGNAL_PRIMARY = _D["continuation"]["primary"]  # ||P_C g|| / ||g||: scale-free across model sizes
 CLASSES = ("path decides removability", "mixed", "prior only speeds learning", "no difference",
            "forced_zero better", "too few seeds")
 RUN_FILES = ("config.json", "metrics.csv", "done.json")
@@ -162,10 +158,14 @@ def binomial_se(p: float, n: int) -> float:
 
 def classify(margins: Sequence[float], fade_earlier: Sequence[bool], *, margin: float = DECIDES_MARGIN) -> str:
     """The cell's class from its per-seed margins and "fade reached 0.5 strictly
-    earlier" flags (same seeds), by the rule in the module docstring."""
+    earlier" flags (same seeds), by the declared rule (module docstring). The paper's claim
+    ("the path decides removability") holds only for the first class; every other class is
+    a failing outcome for it. A NaN margin is an error, never a class."""
     m = [float(x) for x in margins]
     if len(m) != len(fade_earlier):
         raise ValueError("classify: margins and fade_earlier must have one entry per seed")
+    if any(math.isnan(x) for x in m):
+        raise ValueError(f"classify: margins must be finite, got {m}")
     if len(m) < 2:
         return "too few seeds"
     if all(x >= margin for x in m):
@@ -348,8 +348,8 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
         paired = by[FADE].merge(by[BASELINE], on="seed", suffixes=("_fade", "_fz"))
         margins = (paired.acc_zero_fade - paired.acc_zero_fz).tolist()
         earlier = [_earlier(a, b) for a, b in zip(paired.t50_fade, paired.t50_fz)]
-        mean, lo, hi = t_interval(margins) if margins else (math.nan, math.nan, math.nan)
-        se = float(np.std(margins, ddof=1) / math.sqrt(len(margins))) if len(margins) > 1 else math.nan
+        diff = paired_t_interval(paired.acc_zero_fade, paired.acc_zero_fz)  # the one margin interval
+        mean, lo, hi, se = diff.estimate, diff.lo, diff.hi, diff.se
         row.update({
             "n_paired": len(margins), "paired_seeds": " ".join(str(s) for s in paired.seed),
             "margin_mean": mean, "margin_lo": lo, "margin_hi": hi, "margin_se": se,
@@ -476,9 +476,12 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
               + f"; {len(cells)} cells. Seeds per cell and path are in the table (n columns).")
     lines += [f"**Status:** {status}", "",
               f"Command: `{command}`" if command else "", "",
-              "Rules (fixed in `studies/removability/map.py` before results were seen): margin = "
-              "fade600->0 − forced_zero final zero-gate accuracy, paired by seed; interval: 95% Student-t over the "
-              f"per-seed margins; plateau: final zero-gate acc < {PLATEAU_ACC}; t50: first evaluated step (every 100) "
+              f"Declaration: {DECLARATION.stamp()} (`studies/removability/declaration.py`: grid, seeds, extensions, "
+              "rules).", "",
+              "Rules (declared in `studies/removability/declaration.py`; the 10,800-step budget was added after the "
+              "3,600-step results, see the declaration's extensions): margin = "
+              "fade600->0 − forced_zero final zero-gate accuracy, paired by seed; interval: 95% paired Student t over "
+              f"the seeds; plateau: final zero-gate acc < {PLATEAU_ACC}; t50: first evaluated step (every 100) "
               f"with zero-gate acc ≥ {THRESHOLD} (— = never); class: 'path decides removability' = every seed's "
               f"margin ≥ {DECIDES_MARGIN}; 'mixed' = some seeds ≥ {DECIDES_MARGIN}, not all; 'prior only speeds "
               f"learning' = no seed ≥ {DECIDES_MARGIN} but the fade reaches {THRESHOLD} strictly first in more than "
