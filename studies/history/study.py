@@ -413,7 +413,7 @@ def rebuild(out: str | Path = "results/history", *, force: bool = False) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m studies.history",
                                  description="Balanced ICL/IWL mix schedules: history dependence, patching, relaxation.")
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=DECLARATION.data["seeds"])
     ap.add_argument("--out", default="results/history")
     ap.add_argument("--quick", action="store_true", help="tiny budget (code path only; not comparable)")
     ap.add_argument("--anchor-steps", type=int, default=None)

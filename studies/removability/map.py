@@ -100,7 +100,7 @@ class Cell:
         return RunConfig(path=path, task=dict(TASKS[self.task]), model=dict(MODELS[self.model]), train=train, seed=seed)
 
 
-def grid(models=None, tasks=None, steps=(3600,)) -> list[Cell]:
+def grid(models=None, tasks=None, steps=tuple(_D["steps"])) -> list[Cell]:
     models = list(MODELS) if models is None else list(models)
     tasks = list(GRID_TASKS) if tasks is None else list(tasks)
     for name in models:
@@ -112,7 +112,7 @@ def grid(models=None, tasks=None, steps=(3600,)) -> list[Cell]:
     return [Cell(m, t, s) for s in steps for m in models for t in tasks]
 
 
-def configs(cells, seeds=(0, 1, 2), paths=PATHS, unforced_seeds=(0,)) -> list[RunConfig]:
+def configs(cells, seeds=tuple(_D["seeds"]), paths=PATHS, unforced_seeds=tuple(_D["unforced_seeds"])) -> list[RunConfig]:
     """Run configs of ``cells``, cheapest cells first (a sweep cut short keeps whole cells)."""
     out = []
     for cell in sorted(cells, key=lambda c: (COST_MIN.get(c.model, 10) * c.steps, list(TASKS).index(c.task))):
@@ -568,9 +568,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--models", nargs="+", choices=list(MODELS), help="models (default: all)")
     ap.add_argument("--tasks", nargs="+", choices=list(TASKS),
                     help=f"tasks (default: {', '.join(GRID_TASKS)})")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--unforced-seeds", type=int, nargs="*", default=[0], help="seeds with an unforced run (default 0; none: give the flag alone)")
-    ap.add_argument("--steps", type=int, nargs="+", default=[3600], help="budgets (default 3600)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(_D["seeds"]), help=f"seeds (default {_D['seeds']})")
+    ap.add_argument("--unforced-seeds", type=int, nargs="*", default=list(_D["unforced_seeds"]),
+                    help="seeds with an unforced run (default 0; none: give the flag alone)")
+    ap.add_argument("--steps", type=int, nargs="+", default=list(_D["steps"]), help=f"budgets (default {_D['steps']})")
     ap.add_argument("--workers", type=int, help="parallel training runs (default: one per core)")
     ap.add_argument("--timing", help="the sweep's result CSV (columns run, seconds, status) for per-run seconds")
     ap.add_argument("--continuation", action="store_true", help="also measure the continuation signal on the "
@@ -644,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sig, tests, missing = _continuation(ns, runs, cells, roots, out)
     command = "python -m studies.removability " + " ".join(argv if argv is not None else sys.argv[1:])
     md = results_markdown(runs, cells, problems, sig=sig, tests=tests, missing_ckpt=missing,
-                          expected=len(configs(grid(), seeds=(0, 1, 2))), command=command.strip())
+                          expected=len(configs(grid())), command=command.strip())
     atomic_write(out / "results.md", (md + "\n").encode())
     if not ns.no_figure and len(cells):
         _figures(cells, runs, out)
