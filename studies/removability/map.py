@@ -466,6 +466,18 @@ def _r(x, spec="{:.3f}"):
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else spec.format(x)
 
 
+_RULES_TEXT = (
+    "Rules (declared in `studies/removability/declaration.py`; the 10,800-step budget was added after the "
+    "3,600-step results, see the declaration's extensions): margin = "
+    "fade600->0 − forced_zero final zero-gate accuracy, paired by seed; interval: 95% paired Student t over "
+    f"the seeds; plateau: final zero-gate acc < {PLATEAU_ACC}; t50: first evaluated step (every 100) "
+    f"with zero-gate acc ≥ {THRESHOLD} (— = never); class: 'path decides removability' = every seed's "
+    f"margin ≥ {DECIDES_MARGIN}; 'mixed' = some seeds ≥ {DECIDES_MARGIN}, not all; 'prior only speeds "
+    f"learning' = no seed ≥ {DECIDES_MARGIN} but the fade reaches {THRESHOLD} strictly first in more than "
+    "half the seeds; else 'no difference' ('forced_zero better' = every seed ≤ −0.2). Per-run binomial "
+    "SE of a zero-gate accuracy (n = 512 eval sequences) is ≤ 0.022.")
+
+
 def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str], *, sig: pd.DataFrame | None = None,
                      tests: pd.DataFrame | None = None, missing_ckpt: Sequence[str] = (), expected: int | None = None,
                      command: str = "") -> str:
@@ -477,16 +489,7 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
     lines += [f"**Status:** {status}", "",
               f"Command: `{command}`" if command else "", "",
               f"Declaration: {DECLARATION.stamp()} (`studies/removability/declaration.py`: grid, seeds, extensions, "
-              "rules).", "",
-              "Rules (declared in `studies/removability/declaration.py`; the 10,800-step budget was added after the "
-              "3,600-step results, see the declaration's extensions): margin = "
-              "fade600->0 − forced_zero final zero-gate accuracy, paired by seed; interval: 95% paired Student t over "
-              f"the seeds; plateau: final zero-gate acc < {PLATEAU_ACC}; t50: first evaluated step (every 100) "
-              f"with zero-gate acc ≥ {THRESHOLD} (— = never); class: 'path decides removability' = every seed's "
-              f"margin ≥ {DECIDES_MARGIN}; 'mixed' = some seeds ≥ {DECIDES_MARGIN}, not all; 'prior only speeds "
-              f"learning' = no seed ≥ {DECIDES_MARGIN} but the fade reaches {THRESHOLD} strictly first in more than "
-              "half the seeds; else 'no difference' ('forced_zero better' = every seed ≤ −0.2). Per-run binomial "
-              "SE of a zero-gate accuracy (n = 512 eval sequences) is ≤ 0.022.", ""]
+              "rules).", "", _RULES_TEXT, ""]
     if len(cells):
         show = cells.assign(
             margin=[f"{_r(m, '{:+.3f}')} [{_r(a, '{:+.3f}')}, {_r(b, '{:+.3f}')}]"
