@@ -80,7 +80,6 @@ from studies.history.protocol import (
     MODEL,
     BranchPlan,
     HistoryConfig,
-    SeedResult,
     balanced_plan,
     behaviour,
     example_hashes,
