@@ -290,4 +290,39 @@ def test_summary_and_markdown_read_result_fields():
     assert "frac_removed_all_mlps" not in s.index  # no MLP replacement measured
     assert results[1].row()["gap_r25"] == 0.1 and results[0].row()["dominant_head_from_above"] == "L0H1"
     md = history.to_markdown(results, s.reset_index(), hc)
-    assert "| 1 | 0.750 / 0.500 / 0.250 |" in md and "L1H0 / L0H1" in md and "same dominant head in 1/2 seeds" in md
+    assert "| 1 | 0.750 / 0.500 / 0.250 |" in md and "L1H0 / L0H1" in md
+    # headings come from the verdicts: 1 of 2 seeds with the same head is "not reproduced", gap_r100 was not measured
+    did_not = md.split("What did not reproduce:")[1].split("Not run:")[0]
+    assert "- the same dominant head in both histories: ours 1/2 seeds;" in did_not
+    assert "- the gap vanishes after 100 updates at p0: ours —;" in md.split("Not run:")[1]
+    assert "- mean-replacing all query heads removes most of the gap: ours +0.750 [+0.750, +0.750]" in md.split(
+        "What reproduced:")[1].split("What did not reproduce:")[0]  # 0.75 in both seeds
+    assert "settings differ from the declaration (relax_steps [0, 25] vs declared [0, 25, 100]; 2 seeds vs declared 5)" in md
+
+
+def test_tables_only_rebuilds_the_report_from_per_seed_csv(tmp_path):
+    """The committed per-seed results give the same summary, and the verdict headings from their outcomes:
+    an opposite-sign immediate gap is listed under "What did not reproduce", never under "What reproduced"."""
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from planted import run_study
+
+    src = Path(__file__).resolve().parents[1] / "results" / "history"
+    for f in ("per_seed.csv", "config.json", "summary.csv"):
+        shutil.copy(src / f, tmp_path / f)
+    assert run_study("history", ["--tables-only", "--out", str(tmp_path)]) == 2  # summary.csv exists: needs --force
+    md = history.rebuild(tmp_path, force=True)
+    new, old = pd.read_csv(tmp_path / "summary.csv"), pd.read_csv(src / "summary.csv")
+    assert list(new.quantity) == list(old.quantity)
+    assert new[["mean", "ci_lo", "ci_hi", "n_positive", "p_signflip"]].to_numpy() == pytest.approx(
+        old[["mean", "ci_lo", "ci_hi", "n_positive", "p_signflip"]].to_numpy(), rel=1e-12, abs=1e-15, nan_ok=True)
+    assert "Declaration: history v1 (sha256 " in md and "settings differ" not in md
+    reproduced = md.split("What reproduced:")[1].split("What partly reproduced:")[0]
+    assert "study's sign" not in reproduced and "same dominant head" in reproduced
+    assert "- history dependence with the study's sign" in md.split("What did not reproduce:")[1]
+    (tmp_path / "per_seed.csv").unlink()
+    with pytest.raises(ValueError, match="per_seed.csv: not found"):
+        history.rebuild(tmp_path, force=True)

@@ -145,6 +145,7 @@ def test_tables_from_planted_runs(planted_root, tmp_path):
     assert len(runs) == 13 and set(runs.seconds) == {60.0} and set(runs.seconds_source) == {"file times"}
     md = (out / "results.md").read_text()
     assert "not tabulated" in md and "budget 3600" in md
+    assert f"Declaration: {R.DECLARATION.stamp()}" in md  # the protocol the tables were built by
     # persisted: config, metrics, done and timing, never checkpoints
     persisted = sorted(p.name for p in (out / "runs").iterdir())
     assert len(persisted) == 14  # 13 finished + the unfinished map run (kept, reported)

@@ -63,9 +63,9 @@ def test_reproduce_quick_controls_end_to_end(tmp_path, monkeypatch, capsys):
     # results.md exists now: it is replaced only with --force
     again = ["reproduce", "controls", "--seeds", "1", "--quick", "--tables-only", "--out", str(tmp_path),
              "--large-seeds", "0"]
-    assert main(again) == 2 and "--force" in capsys.readouterr().err
+    assert run_study("paper", again) == 2 and "--force" in capsys.readouterr().err
     # tables-only re-run trains nothing and reports the same runs as reused
-    rc = main(again + ["--force"])
+    rc = run_study("paper", again + ["--force"])
     assert rc == 0
     assert "6 reused, 0 from the recorded results_runs.csv (folders gone), 0 not trained, 0 failed" in (
         tmp_path / "results.md").read_text()
@@ -147,3 +147,51 @@ def test_unknown_experiment_is_an_error(tmp_path, capsys):
     assert run_study("paper", ["reproduce", "nonsense", "--out", str(tmp_path)]) == 2
     assert "unknown experiment" in capsys.readouterr().err
     assert set(EXPERIMENTS) >= {"paths", "controls", "mechanism", "format"}
+
+
+def test_tables_only_keeps_what_needs_checkpoints(tmp_path):
+    """No run folders: Table 3 is rebuilt from the committed per-set timeline (the same table), the
+    interventions table, which needs checkpoints for two of its rows, is kept from the previous build,
+    and the verdicts carry the declaration's stamp and intervals."""
+    import shutil
+
+    from studies.paper.reproduce import reproduce
+    from studies.paper.rules import DECLARATION
+
+    src = Path(__file__).resolve().parents[1] / "results" / "paper"
+    for f in ("results_runs.csv", "results.md", "table_mechanism.csv", "table_interventions.csv",
+              P.MECHANISM_PER_SET):
+        shutil.copy(src / f, tmp_path / f)
+    res = reproduce(["paths", "mechanism", "interventions"], seeds=3, out=tmp_path, train=False, progress=False,
+                    large_seeds=0)
+    md = res["markdown"]
+    assert (tmp_path / "table_mechanism.csv").read_text() == (src / "table_mechanism.csv").read_text()
+    assert f"Rebuilt from {P.MECHANISM_PER_SET}" in md
+    assert (tmp_path / "table_interventions.csv").read_text() == (src / "table_interventions.csv").read_text()
+    assert "kept from the previous build of table_interventions.csv" in md
+    assert "| position gate zeroed | 0.379 [0.338, 0.422] (n=1, eval only) | 0 | .073 |" in md
+    assert f"Declaration: {DECLARATION.stamp()}" in md and f"Rules of {DECLARATION.stamp()}" in md
+    v = res["tables"]["verdicts"].set_index("claim")
+    assert v.loc["consolidation happens after the gate reaches zero", "verdict"] == "not reproduced"
+    assert "+0.054 [-0.067, +0.175] (paired t)" in v.loc["fade600->0 keeps zero-gate accuracy", "ours (95% interval)"]
+    by_version = res["tables"]["verdicts_by_version"]
+    assert list(by_version.columns) == ["claim", "v1", "v2"] and (tmp_path / "verdicts_by_version.csv").is_file()
+
+
+def test_interventions_read_back_per_seed_rows(tmp_path):
+    """A seed whose run folder is gone takes its rows from interventions_per_seed.csv when a build with
+    checkpoints wrote them; otherwise only the two conditions the recorded metrics give."""
+    from circuitfade.train.sweep import run_dir_for
+
+    root = tmp_path / "runs"
+    runs = [{"run": run_dir_for(root, P.run("unforced", s, P.FULL)).name, "status": "recorded", "acc_normal": 1.0,
+             "acc_zero": 0.4 + 0.01 * s} for s in range(2)]
+    results = pd.DataFrame(runs)
+    df, _ = P.interventions_table(results, root, P.FULL, [0, 1], out_dir=tmp_path)
+    assert list(df.condition) == ["normal", "both gates zeroed"]
+    pd.DataFrame({"condition": ["normal", "position gate zeroed", "content gate zeroed", "both gates zeroed"],
+                  "accuracy": [1.0, 0.37, 1.0, 0.4], "seed": 0}).to_csv(tmp_path / P.INTERVENTIONS_PER_SEED, index=False)
+    df, _ = P.interventions_table(results, root, P.FULL, [0, 1], out_dir=tmp_path)
+    t = df.set_index("condition")
+    assert list(t.index) == ["normal", "position gate zeroed", "content gate zeroed", "both gates zeroed"]
+    assert t.loc["position gate zeroed", "seeds"] == "0" and t.loc["both gates zeroed", "seeds"] == "0, 1"

@@ -208,12 +208,14 @@ conditions does not clear it (Wilson lower bound) never left the plateau."""
 class Measure:
     """A final metric over seeds: ``mean`` with its standard error and 95% interval.
 
-    With two or more seeds: ``se = sd / sqrt(n)`` over the seeds' values and a Student-t
-    interval (this includes evaluation noise; accuracies clipped to [0, 1]). With one seed: the binomial standard
-    error of that run's accuracy on its ``eval_n`` evaluation examples and the Wilson
-    interval (evaluation noise only: a single seed says nothing about seed spread);
-    MSE with one seed has no interval. ``left``: how many of the runs left the initial
-    plateau (:data:`PLATEAU_ACC`; ``None`` when the task has no plateau rule).
+    With two or more seeds: ``se = sd / sqrt(n)`` over the seeds' values (``df = n - 1``) and a
+    Student-t interval (this includes evaluation noise; accuracies clipped to [0, 1]). With one
+    seed: the binomial standard error of that run's accuracy on its ``eval_n`` evaluation
+    examples and the Wilson interval (evaluation noise only: a single seed says nothing about
+    seed spread; a large-sample error, ``df = inf``); MSE with one seed has no interval.
+    ``left``: how many of the runs left the initial plateau (:data:`PLATEAU_ACC`; ``None`` when
+    the task has no plateau rule). ``values`` / ``seeds``: the finite per-seed values and their
+    seeds (in the same order), so that two arms with the same seeds can be compared pairwise.
     """
 
     mean: float
@@ -223,20 +225,32 @@ class Measure:
     n: int
     sd: float = math.nan
     left: int | None = None
+    df: float = math.nan
+    values: tuple = ()
+    seeds: tuple = ()
 
     @classmethod
-    def of(cls, values, *, proportion: bool = True, eval_n: int = 512, left: int | None = None) -> "Measure":
-        x = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    def of(cls, values, *, proportion: bool = True, eval_n: int = 512, left: int | None = None,
+           seeds=None) -> "Measure":
+        """The measure of per-seed ``values`` (NaN/None dropped, with their ``seeds``)."""
+        vals = list(values)
+        seeds = list(range(len(vals))) if seeds is None else list(seeds)
+        if len(seeds) != len(vals):
+            raise ValueError(f"Measure.of: {len(vals)} values but {len(seeds)} seeds")
+        kept = [(float(v), s) for v, s in zip(vals, seeds)
+                if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        x = tuple(v for v, _ in kept)
+        sx = tuple(s for _, s in kept)
         if not x:
             return cls(math.nan, math.nan, math.nan, math.nan, 0, left=left)
         if len(x) == 1:
             if proportion:
                 lo, hi = stats.wilson_interval(x[0] * eval_n, eval_n)
-                return cls(x[0], stats.binomial_se(x[0], eval_n), lo, hi, 1, left=left)
-            return cls(x[0], math.nan, math.nan, math.nan, 1, left=left)
+                return cls(x[0], stats.binomial_se(x[0], eval_n), lo, hi, 1, left=left, df=math.inf, values=x, seeds=sx)
+            return cls(x[0], math.nan, math.nan, math.nan, 1, left=left, values=x, seeds=sx)
         s = stats.seed_summary(x)
         lo, hi = (max(0.0, s["lo"]), min(1.0, s["hi"])) if proportion else (s["lo"], s["hi"])
-        return cls(s["mean"], s["sem"], lo, hi, s["n"], s["sd"], left)
+        return cls(s["mean"], s["sem"], lo, hi, s["n"], s["sd"], left, float(len(x) - 1), x, sx)
 
     def __str__(self) -> str:
         if self.n == 0:
@@ -441,10 +455,16 @@ def mechanism_trace(series, *, n: int = 512, eval_sets: int = MECHANISM_EVAL_SET
 def mechanism_summary(traced: pd.DataFrame, by: tuple[str, ...] = ("seed",)) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(per_set, summary)`` of a :func:`mechanism_trace`: the timeline of every (series,
     evaluation set), and per series the crossing steps over the sets with their bootstrap
-    spread, how often the top heads agree, and whether both crossings precede the gate's zero."""
+    spread, how often the top heads agree, and whether both crossings precede the gate's zero
+    (:func:`timeline_summary`)."""
 
-    thresholds = dict(DEFAULT_THRESHOLDS)
-    long = timeline_long(traced, thresholds, by=list(by) + ["eval_seed"])
+    long = timeline_long(traced, dict(DEFAULT_THRESHOLDS), by=list(by) + ["eval_seed"])
+    return long, timeline_summary(long, by)
+
+
+def timeline_summary(long: pd.DataFrame, by: tuple[str, ...] = ("seed",)) -> pd.DataFrame:
+    """Per series (``by``), Table 3's row from the per-evaluation-set timeline ``long`` (the first
+    output of :func:`mechanism_summary`, or ``mechanism_timeline_per_set.csv`` read back)."""
     rows = []
     for key, g in long.groupby(list(by), sort=True):
         key = key if isinstance(key, tuple) else (key,)
@@ -474,7 +494,18 @@ def mechanism_summary(traced: pd.DataFrame, by: tuple[str, ...] = ("seed",)) -> 
         row["both before gate 0 (sets)"] = f"{int(before.sum())}/{K}"
         row["both after gate 0 (sets)"] = f"{int(after.sum())}/{K}"
         rows.append(row)
-    return long, pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+MECHANISM_PER_SET = "mechanism_timeline_per_set.csv"
+"""The per-set timeline a mechanism build writes; a build without checkpoints rebuilds Table 3 from it."""
+
+
+def _mechanism_note(n: int, eval_sets: int) -> str:
+    return (f"{eval_sets} independent evaluation sets of {n} examples (seeds {EVAL_SEED}..{EVAL_SEED + eval_sets - 1}); "
+            f"bootstrap: {stats.DEFAULT_RESAMPLES} resamples of each set's examples (range = widest 95% interval "
+            "over the sets; 'open' when some resamples never cross). Thresholds: successor mass ≥ .25, zero-gate "
+            "ablation accuracy drop ≥ .03. Noise floor: the largest value over heads at step 0 (untrained model).")
 
 
 def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: bool = False,
@@ -483,9 +514,11 @@ def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: boo
     zero-gate ablation importance (Table 3), with bootstrap and across-set spread.
 
     Writes ``mechanism_trace.csv`` (the trace without the resample arrays) and
-    ``mechanism_timeline_per_set.csv`` (the timeline of every seed and evaluation set)
-    into ``out_dir`` (default: the parent of ``root``)."""
+    :data:`MECHANISM_PER_SET` (the timeline of every seed and evaluation set) into ``out_dir``
+    (default: the parent of ``root``). Without run folders with checkpoints, Table 3 is rebuilt
+    from an earlier :data:`MECHANISM_PER_SET` in ``out_dir`` if there is one (its seeds only)."""
 
+    out_dir = Path(out_dir) if out_dir is not None else Path(root).parent
     frames = []
     for c in mechanism_configs(seeds, root, b):
         d = run_dir_for(root, c)
@@ -493,44 +526,62 @@ def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: boo
             continue
         frames.append(mechanism_trace(open_run(d), n=n, eval_sets=eval_sets, progress=progress))
     if not frames:
-        return pd.DataFrame(), "(no run folders with checkpoints: Table 3 needs them; see results/table_mechanism.csv)"
-    traced = pd.concat(frames, ignore_index=True)
-    out_dir = Path(out_dir) if out_dir is not None else Path(root).parent
-    write_csv(out_dir / "mechanism_trace.csv", traced.drop(columns=["boot"], errors="ignore"))
-    long, df = mechanism_summary(traced)
-    write_csv(out_dir / "mechanism_timeline_per_set.csv", long)
-    note = (f"{eval_sets} independent evaluation sets of {n} examples (seeds {EVAL_SEED}..{EVAL_SEED + eval_sets - 1}); "
-            f"bootstrap: {stats.DEFAULT_RESAMPLES} resamples of each set's examples (range = widest 95% interval "
-            "over the sets; 'open' when some resamples never cross). Thresholds: successor mass ≥ .25, zero-gate "
-            "ablation accuracy drop ≥ .03. Noise floor: the largest value over heads at step 0 (untrained model).")
-    md = md_table(df) + "\n\n" + note
+        per_set = out_dir / MECHANISM_PER_SET
+        if not per_set.is_file():
+            return pd.DataFrame(), "(no run folders with checkpoints: Table 3 needs them; see results/table_mechanism.csv)"
+        long = pd.read_csv(per_set)
+        long = long[long["seed"].isin([c.seed for c in mechanism_configs(seeds, root, b)])]
+        df = timeline_summary(long)
+        md = (md_table(df) + "\n\n" + _mechanism_note(n, int(long["eval_seed"].nunique()))
+              + f" Rebuilt from {MECHANISM_PER_SET} (the per-set timeline traced when the checkpoints were here).")
+    else:
+        traced = pd.concat(frames, ignore_index=True)
+        write_csv(out_dir / "mechanism_trace.csv", traced.drop(columns=["boot"], errors="ignore"))
+        long, df = mechanism_summary(traced)
+        write_csv(out_dir / MECHANISM_PER_SET, long)
+        md = md_table(df) + "\n\n" + _mechanism_note(n, eval_sets)
     if b.label == "full":
         md += "\n\nPaper (Table 3):\n\n" + md_table(PAPER_T3)
     return df, md
 
 
-def interventions_table(results, root, b: Budget, seeds, n: int = 512):
+INTERVENTIONS_PER_SEED = "interventions_per_seed.csv"
+"""Every seed's gate-intervention rows (``condition, accuracy, seed``) as built from its checkpoint."""
+
+
+def interventions_table(results, root, b: Budget, seeds, n: int = 512, out_dir: str | Path | None = None):
     """Gate interventions on the final checkpoint of each unforced seed (Sec. 6).
 
-    Run folders with checkpoints give every condition (:func:`gate_intervention_table`);
-    for runs whose folders are gone, the recorded final metrics give the ``normal`` and
+    Run folders with checkpoints give every condition (:func:`gate_intervention_table`); their
+    rows are written to :data:`INTERVENTIONS_PER_SEED` in ``out_dir`` and read back for a seed
+    whose folder is gone; failing that, the recorded final metrics give the ``normal`` and
     ``both gates zeroed`` rows (``acc_normal``, ``acc_zero``: the same evaluation).
     """
 
-    frames = []
+    out_dir = Path(out_dir) if out_dir is not None else Path(root).parent
+    kept = pd.read_csv(out_dir / INTERVENTIONS_PER_SEED) if (out_dir / INTERVENTIONS_PER_SEED).is_file() else None
+    frames, traced = [], []
     for c in interventions_configs(seeds, root, b):
         d = run_dir_for(root, c)
         if (d / "done.json").is_file() and (d / "checkpoints").is_dir():
             series = open_run(d)
             t = gate_intervention_table(series[series.steps[-1]], series.task, n=n)
+            traced.append(t.assign(seed=c.seed))
+        elif kept is not None and (kept.seed == c.seed).any():
+            t = kept[kept.seed == c.seed].drop(columns=["seed"])
         else:
             r = results[(results.run == d.name) & results.status.isin(["cached", "done", "recorded"])]
             if r.empty:
                 continue
             t = pd.DataFrame({"condition": ["normal", "both gates zeroed"],
                               "accuracy": [float(r.acc_normal.iloc[0]), float(r.acc_zero.iloc[0])]})
-        t["seed"] = c.seed
+        t = t.assign(seed=c.seed)
         frames.append(t)
+    if traced:
+        now = pd.concat(traced, ignore_index=True)[["condition", "accuracy", "seed"]]
+        if kept is not None:
+            now = pd.concat([kept[~kept.seed.isin(now.seed)][["condition", "accuracy", "seed"]], now], ignore_index=True)
+        write_csv(out_dir / INTERVENTIONS_PER_SEED, now.sort_values("seed", kind="stable"))
     if not frames:
         return pd.DataFrame(), "(no finished runs)"
     allt = pd.concat(frames, ignore_index=True)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from circuitfade import stats
-from circuitfade.claims import Outcome, all_of, any_of, at_least, at_most
+from circuitfade.claims import Claim, Declaration, Outcome
 from circuitfade.claims import grade as claim_grade
 from circuitfade.io import check_outputs, write_csv, write_text
 from circuitfade.tasks import make_task
@@ -27,6 +27,8 @@ from circuitfade.train import RunConfig
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.viz.html import Section, write_page
 from studies.paper import protocol as P
+from studies.paper import rules
+from studies.paper.rules import DECLARATION
 
 
 @dataclass(frozen=True)
@@ -74,20 +76,14 @@ def _left_plateau(results, root, cfg: RunConfig, eval_n: int) -> bool | None:
     vals = [v for v in vals if not np.isnan(v)]
     if not vals:
         return None
-    return stats.wilson_interval(max(vals) * eval_n, eval_n)[0] > P.PLATEAU_ACC
+    return stats.wilson_interval(max(vals) * eval_n, eval_n)[0] > DECLARATION.data["plateau_acc"]
 
 
 def _measure(results, root, cfgs, key, eval_n) -> P.Measure:
     vals = [_final(results, root, c, key) for c in cfgs]
     left = [x for x in (_left_plateau(results, root, c, eval_n) for c in cfgs) if x is not None]
-    return P.Measure.of([v for v in vals if not np.isnan(v)], proportion=not key.startswith(("mse", "query_mse")),
+    return P.Measure.of(vals, seeds=[c.seed for c in cfgs], proportion=not key.startswith(("mse", "query_mse")),
                         eval_n=eval_n, left=sum(left) if left else None)
-
-
-def _diff(a: P.Measure, b: P.Measure, scale: float = 1.0) -> tuple[float, float, float]:
-    """Normal 95% interval of ``a - scale * b`` (independent seeds)."""
-    d, lo, hi = stats.difference_interval(a.mean, a.se, scale * b.mean, scale * b.se)
-    return d, lo, hi
 
 
 def grade(full, part, have: bool, testable: bool = True) -> str:
@@ -102,13 +98,21 @@ def _testable(*ms: P.Measure) -> bool:
     return not lefts or sum(lefts) > 0
 
 
-def _d_str(a: P.Measure, bb: P.Measure, scale: float = 1.0) -> str:
-    d, lo, hi = _diff(a, bb, scale)
-    return "—" if np.isnan(d) else f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+def _d_str(a: P.Measure, bb: P.Measure, scale: float = 1.0, decl: Declaration = DECLARATION) -> str:
+    """A difference as a table cell: ``+0.054 [-0.067, +0.175] (paired t)``."""
+    d = rules.diff(a, bb, scale, decl)
+    if np.isnan(d.estimate):
+        return "—"
+    return f"{d} ({d.method})" if not np.isnan(d.lo) else str(d)
+
+
+def _row(c: Claim, value: str, verdict) -> dict:
+    return {"claim": c.name, "statistic": c.statistic, "ours (95% interval)": value, "rule": c.rule,
+            "verdict": str(verdict)}
 
 
 def _path_claims(results: pd.DataFrame, root, b: P.Budget, seeds, model: dict | None = None,
-                 control_seeds=None) -> list[dict]:
+                 control_seeds=None, decl: Declaration = DECLARATION) -> list[dict]:
     """The five claims of Tables 1-2 (unforced collapses, forced_zero fails, the fade keeps
     zero-gate accuracy, the hard switch and post hoc continuation fall short) on one model
     (``model``: RunConfig.model overrides; ``None``: the base model) at ``seeds``; the two
@@ -119,37 +123,28 @@ def _path_claims(results: pd.DataFrame, root, b: P.Budget, seeds, model: dict | 
     n_eval = b.eval_size
     fade, unf, fz = b.fade(), "unforced", "forced_zero"
     lab = (lambda p: p) if b.label != "full" else (lambda p: {fade: "fade600->0"}.get(p, p))  # noqa: E731
+    names = {"fade": lab(fade), "switch": b.switch(1050), "switch_step": b.switch(1050)[7:]}
     m = lambda path, key="acc_zero", **kw: _measure(results, root, [run(path, s, **kw) for s in S], key, n_eval)  # noqa: E731
+    C = lambda key: rules.claim(key, decl, **names)  # noqa: E731
     rows = []
 
-    def add(claim, statistic, value, rule, verdict):
-        rows.append({"claim": claim, "statistic": statistic, "ours (95% interval)": value, "rule": rule,
-                     "verdict": verdict})
-
     un_z, un_n = m(unf), m(unf, "acc_normal")
-    add("unforced collapses at zero gate", "unforced acc: zero-gate / normal", f"{un_z} / {un_n}",
-        "zero ≤ .20 and normal ≥ .70 (partly: zero − normal ≤ −.30)",
-        grade(all_of(at_most(un_z.lo, un_z.hi, .2), at_least(un_n.lo, un_n.hi, .7)), at_most(*_diff(un_z, un_n)[1:], -.3),
-              un_z.n > 0, _testable(un_z, un_n)))
+    rows.append(_row(C("unforced_collapses"), f"{un_z} / {un_n}",
+                     grade(*rules.unforced_collapses(un_z, un_n, decl), un_z.n > 0, _testable(un_z, un_n))))
     fz_z, fa_z = m(fz), m(fade)
-    add("forced_zero fails", f"forced_zero zero-gate acc; minus {lab(fade)}", f"{fz_z}; {_d_str(fz_z, fa_z)}",
-        "≤ .20 (partly: difference ≤ −.20)",
-        grade(at_most(fz_z.lo, fz_z.hi, .2), at_most(*_diff(fz_z, fa_z)[1:], -.2), fz_z.n > 0, _testable(fz_z, fa_z)))
-    add(f"{lab(fade)} keeps zero-gate accuracy", "fade zero-gate acc; minus forced_zero",
-        f"{fa_z}; {_d_str(fa_z, fz_z)}", "≥ .60 and difference ≥ .20 (partly: ≥ .60)",
-        grade(all_of(at_least(fa_z.lo, fa_z.hi, .6), at_least(*_diff(fa_z, fz_z)[1:], .2)), at_least(fa_z.lo, fa_z.hi, .6),
-              fa_z.n > 0, _testable(fa_z)))
+    rows.append(_row(C("forced_zero_fails"), f"{fz_z}; {_d_str(fz_z, fa_z, decl=decl)}",
+                     grade(*rules.forced_zero_fails(fz_z, fa_z, decl), fz_z.n > 0, _testable(fz_z, fa_z))))
+    rows.append(_row(C("fade_keeps"), f"{fa_z}; {_d_str(fa_z, fz_z, decl=decl)}",
+                     grade(*rules.fade_keeps(fa_z, fz_z, decl), fa_z.n > 0, _testable(fa_z))))
     if control_seeds is not None and list(control_seeds) != S:
         S = list(control_seeds)
         fa_z = m(fade)
     sw = m(b.switch(1050))
-    add(f"hard switch at {b.switch(1050)[7:]} falls short", f"{b.switch(1050)} zero-gate acc; minus fade",
-        f"{sw}; {_d_str(sw, fa_z)}", "difference ≤ −.20 (partly: ≤ −.05)",
-        grade(at_most(*_diff(sw, fa_z)[1:], -.2), at_most(*_diff(sw, fa_z)[1:], -.05), sw.n > 0, _testable(sw, fa_z)))
+    rows.append(_row(C("switch_falls_short"), f"{sw}; {_d_str(sw, fa_z, decl=decl)}",
+                     grade(*rules.switch_falls_short(sw, fa_z, decl), sw.n > 0, _testable(sw, fa_z))))
     ph = _measure(results, root, [P.posthoc_config(root, s, b, model=model) for s in S], "acc_zero", n_eval)
-    add("post hoc continuation falls short", "posthoc zero-gate acc; minus fade", f"{ph}; {_d_str(ph, fa_z)}",
-        "difference ≤ −.20 (partly: ≤ −.05)",
-        grade(at_most(*_diff(ph, fa_z)[1:], -.2), at_most(*_diff(ph, fa_z)[1:], -.05), ph.n > 0, _testable(ph, fa_z)))
+    rows.append(_row(C("posthoc_falls_short"), f"{ph}; {_d_str(ph, fa_z, decl=decl)}",
+                     grade(*rules.posthoc_falls_short(ph, fa_z, decl), ph.n > 0, _testable(ph, fa_z))))
     return rows
 
 
@@ -159,125 +154,108 @@ def _measurer(results, root, b: P.Budget, S: list[int]):
                                                         b.eval_size)
 
 
-def _row(claim, statistic, value, rule, verdict) -> dict:
-    return {"claim": claim, "statistic": statistic, "ours (95% interval)": value, "rule": rule, "verdict": verdict}
-
-
-def _fade_window_claim(m, b: P.Budget) -> dict:
+def _fade_window_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
     fz_z = m("forced_zero")
     starts = [m(b.fade(st)) for st in (400, 500, 600, 700, 800)]
     have = all(x.n > 0 for x in starts)
-    if have:
-        spread_ok = at_most(*_spread(starts)[1:], .10)
-        each = all_of(*[at_least(x.lo, x.hi, .6) for x in starts])
-        margin = all_of(*[at_least(*_diff(x, fz_z)[1:], .2) for x in starts])
-        full, part = all_of(each, spread_ok, margin), all_of(each, spread_ok)
-    else:
-        full = part = None
-    return _row("robust to fade start (400–800)", "zero-gate acc per start",
-        ", ".join(f"{x.mean:.3f} [{x.lo:.3f}, {x.hi:.3f}]" for x in starts) if have else "—",
-        "each ≥ .60, max − min ≤ .10 (interval of the spread), each − forced_zero ≥ .20 (partly: first two)",
-        grade(full, part, have, _testable(*starts)))
+    full, part = rules.fade_window(starts, fz_z, decl) if have else (None, None)
+    value = (", ".join(f"{x.mean:.3f} [{x.lo:.3f}, {x.hi:.3f}]" for x in starts)
+             + f"; spread {rules.spread(starts, decl)}") if have else "—"
+    return _row(rules.claim("fade_window", decl), value, grade(full, part, have, _testable(*starts)))
 
 
-def _shapes_claim(m, b: P.Budget) -> dict:
+def _shapes_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
     fa_z = m(b.fade())
     shapes = {sh: m(b.fade(shape=sh)) for sh in ("cosine", "convex")}
     two = m(b.twostep())
     have = two.n > 0 and all(x.n > 0 for x in shapes.values())
     smooth = [fa_z] + list(shapes.values())
-    if have:
-        sm_ok = all_of(*[at_least(x.lo, x.hi, .6) for x in smooth])
-        worst = min(smooth, key=lambda x: x.mean)
-        full, part = all_of(sm_ok, at_most(*_diff(two, worst)[1:], -.2)), sm_ok
-    else:
-        full = part = None
-    return _row("smooth shapes work, two-step does not", "linear/cosine/convex vs two-step zero-gate acc",
-        f"{', '.join(f'{x.mean:.3f}' for x in smooth)} vs {two}" if have else "—",
-        "each smooth ≥ .60 and two-step − worst smooth ≤ −.20 (partly: smooth ≥ .60)",
-        grade(full, part, have, _testable(*smooth, two)))
+    full, part = rules.shapes(smooth, two, decl) if have else (None, None)
+    value = (f"{', '.join(f'{x.mean:.3f}' for x in smooth)} vs {two}; two-step − worst "
+             f"{_d_str(two, min(smooth, key=lambda x: x.mean), decl=decl)}") if have else "—"
+    return _row(rules.claim("shapes", decl), value, grade(full, part, have, _testable(*smooth, two)))
 
 
-def _markov_claim(m, b: P.Budget) -> dict:
+def _markov_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
     fade, unf, fz = b.fade(), "unforced", "forced_zero"
     mk = {p: (m(fade, task={"name": "markov", "p": p}), m(unf, task={"name": "markov", "p": p}),
-              m(fz, task={"name": "markov", "p": p})) for p in (0.2, 0.5, 0.8)}
+              m(fz, task={"name": "markov", "p": p})) for p in decl.data["claims"]["markov"]["ps"]}
     have = all(v[0].n > 0 for v in mk.values())
     txt = "; ".join(f"p={p}: fade {v[0].mean:.3f}, unforced {v[1].mean:.3f}, forced_zero {v[2].mean:.3f}"
                     f" (n={v[0].n})" for p, v in mk.items()) if have else "—"
-    full = all_of(*[all_of(at_least(*_diff(f, u)[1:], .2), at_least(*_diff(f, z)[1:], .2)) for f, u, z in mk.values()]) if have else None
-    part = any_of(*[at_least(*_diff(f, u)[1:], .2) for f, u, z in mk.values()]) if have else None
-    return _row("Markov induction replicates the pattern", "zero-gate acc per p", txt,
-        "fade − unforced ≥ .20 and fade − forced_zero ≥ .20 at every p (partly: fade − unforced ≥ .20 at some p)",
-        grade(full, part, have))
+    full, part = rules.markov(list(mk.values()), decl) if have else (None, None)
+    return _row(rules.claim("markov", decl), txt, grade(full, part, have))
 
 
-def _linreg_claim(m, b: P.Budget) -> dict:
+def _linreg_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
     fade, unf, fz = b.fade(), "unforced", "forced_zero"
     lt = {p: m(p, "mse_zero", task={"name": "linreg"}) for p in (unf, fz, fade)}
     un_norm = m(unf, "mse_normal", task={"name": "linreg"})
     have = all(v.n > 0 for v in lt.values())
-    full = all_of(at_most(*_diff(lt[fz], lt[fade], 1.5)[1:], 0.0), at_least(*_diff(lt[unf], un_norm, 1.5)[1:], 0.0)) if have else None
-    part = at_most(*_diff(lt[fz], lt[fade], 1.5)[1:], 0.0) if have else None
-    return _row("linear ICL is the boundary (forced_zero learns it; unforced degrades at zero gate)",
-        "zero-gate MSE unforced / forced_zero / fade; unforced normal MSE",
-        (f"{lt[unf]} / {lt[fz]} / {lt[fade]}; {un_norm}") if have else "—",
-        "forced_zero − 1.5 × fade ≤ 0 and unforced zero − 1.5 × unforced normal > 0 (partly: first)",
-        grade(full, part, have))
+    full, part = rules.linreg(lt[unf], lt[fz], lt[fade], un_norm, decl) if have else (None, None)
+    return _row(rules.claim("linreg", decl), f"{lt[unf]} / {lt[fz]} / {lt[fade]}; {un_norm}" if have else "—",
+                grade(full, part, have))
 
 
-def _consolidation_claim(mech: pd.DataFrame | None) -> dict:
+def _consolidation_claim(mech: pd.DataFrame | None, decl: Declaration = DECLARATION) -> dict:
+    c = rules.claim("consolidation", decl)
     if mech is not None and len(mech) and "both after gate 0 (sets)" in mech:
         counts = [tuple(int(x) for x in str(v).split("/")) for v in mech["both after gate 0 (sets)"]]
         before = [str(v) for v in mech["both before gate 0 (sets)"]]
-        return _row("consolidation happens after the gate reaches zero",
-            "per seed: evaluation sets on which both first crossings (succ ≥ .25, abl ≥ .03) come after g=0 "
-            "(before g=0)",
-            ", ".join(f"seed {s}: {k}/{K} ({bf})" for s, (k, K), bf in zip(mech["seed"], counts, before)),
-            "after g=0 on every set of every seed (partly: on some set of some seed)",
-            grade(all(k == K for k, K in counts), any(k > 0 for k, _ in counts), True))
-    return _row("consolidation happens after the gate reaches zero", "—", "—", "—", Outcome.NOT_RUN)
+        return _row(c, ", ".join(f"seed {s}: {k}/{K} ({bf})" for s, (k, K), bf in zip(mech["seed"], counts, before)),
+                    grade(*rules.consolidation(counts, decl), True))
+    return {"claim": c.name, "statistic": "—", "ours (95% interval)": "—", "rule": "—", "verdict": str(Outcome.NOT_RUN)}
 
 
 LARGE_VALUE, LARGE_VERDICT = "large L=4 d=128 (95% interval)", "verdict (large)"
 
 
 def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame | None,
-             large_seeds: Sequence[int] = ()) -> pd.DataFrame:
-    """Claim-by-claim verdicts from explicit rules on 95% intervals (rules in the table).
+             large_seeds: Sequence[int] = (), decl: Declaration = DECLARATION) -> pd.DataFrame:
+    """Claim-by-claim verdicts from the declared rules on 95% intervals (:mod:`studies.paper.rules`).
 
-    Every statistic is a :class:`~studies.paper.protocol.Measure`: the mean over
-    seeds with a Student-t interval (one seed: the binomial/Wilson interval of its
-    evaluation). A rule "x ≤ c" holds if the whole interval of x is ≤ c, fails if the
-    whole interval is > c, and is undecided otherwise; a rule comparing two
-    measurements uses the normal interval of their difference. Verdicts
-    (:class:`circuitfade.claims.Outcome`): reproduced (full rule holds), partly (the partial rule
-    holds, the full rule fails), "partly (full rule undecided)", not reproduced (both fail),
-    inconclusive (undecided), not testable (none of the claim's runs left the initial plateau,
-    :data:`protocol.PLATEAU_ACC`), not run.
+    Every statistic is a :class:`~studies.paper.protocol.Measure`: the mean over seeds with a
+    Student-t interval (one seed: the binomial/Wilson interval of its evaluation). A rule
+    "x ≤ c" holds if the whole interval of x is ≤ c, fails if the whole interval is > c, and
+    is undecided otherwise; a rule comparing two measurements uses the declaration's interval
+    of their difference (:func:`studies.paper.rules.diff`; v2: paired t where the arms share
+    their seeds, Welch t otherwise). Verdicts (:class:`circuitfade.claims.Outcome`): reproduced
+    (full rule holds), partly (the partial rule holds, the full rule fails), "partly (full rule
+    undecided)", not reproduced (both fail), inconclusive (undecided), not testable (none of
+    the claim's runs left the initial plateau, :data:`protocol.PLATEAU_ACC`), not run.
 
     With ``large_seeds``, the claims of Tables 1-2 are graded again, by the same rules, on
     the large model (L=4, d=128) at those seeds: two more columns, ``"—"`` / ``"not run"``
-    for the claims that have no large-model runs.
+    for the claims that have no large-model runs. ``decl``: the declaration whose rules apply
+    (default: the current one; earlier versions give the outcomes they would have given).
     """
     m = _measurer(results, root, b, list(seeds))
-    rows = _path_claims(results, root, b, list(seeds))
+    rows = _path_claims(results, root, b, list(seeds), decl=decl)
     for claim in (_fade_window_claim, _shapes_claim, _markov_claim, _linreg_claim):
-        rows.append(claim(m, b))
-    rows.append(_consolidation_claim(mech))
+        rows.append(claim(m, b, decl))
+    rows.append(_consolidation_claim(mech, decl))
     df = pd.DataFrame(rows)
     if len(list(large_seeds)):
         ls = list(large_seeds)
-        large = {r["claim"]: r for r in _path_claims(results, root, b, ls, model=P.LARGE, control_seeds=ls[:len(list(seeds))])}
+        large = {r["claim"]: r for r in _path_claims(results, root, b, ls, model=P.LARGE,
+                                                     control_seeds=ls[:len(list(seeds))], decl=decl)}
         df.insert(3, LARGE_VALUE, [large[c]["ours (95% interval)"] if c in large else "—" for c in df.claim])
-        df[LARGE_VERDICT] = [large[c]["verdict"] if c in large else Outcome.NOT_RUN for c in df.claim]
+        df[LARGE_VERDICT] = [large[c]["verdict"] if c in large else str(Outcome.NOT_RUN) for c in df.claim]
     return df
 
 
-def _spread(ms: list[P.Measure]) -> tuple[float, float, float]:
-    """``max - min`` of the means with a conservative interval (the extreme pair's difference interval)."""
-    hi_m, lo_m = max(ms, key=lambda x: x.mean), min(ms, key=lambda x: x.mean)
-    return _diff(hi_m, lo_m)
+def earlier_verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame | None,
+                     large_seeds: Sequence[int] = ()) -> pd.DataFrame:
+    """One row per claim: its verdict under every declaration version (oldest first), base model
+    (and large model with ``large_seeds``), so a change of rules shows what it changed."""
+    cols = {}
+    for version, decl in sorted(rules.DECLARATIONS.items()):
+        v = verdicts(results, root, b, seeds, mech, large_seeds, decl=decl)
+        cols["claim"] = v["claim"]
+        cols[f"v{version}"] = v["verdict"]
+        if LARGE_VERDICT in v:
+            cols[f"v{version} (large)"] = v[LARGE_VERDICT]
+    return pd.DataFrame(cols)
 
 
 def collect(cfgs: list[RunConfig], root: Path, recorded: pd.DataFrame | None = None,
@@ -320,31 +298,70 @@ def _seeds_of(names: list[str], seeds: int, seeds_for: dict) -> dict[str, list[i
     return {n: list(range(seeds_for.get(n, seeds))) for n in names}
 
 
-def _tables(names, results, root, b, S_of, large_seeds, out) -> tuple[dict, list[str]]:
+CHECKPOINT_TABLES = ("mechanism", "interventions")
+"""Tables built from the runs' checkpoints: a tables-only build without them keeps the previous build's."""
+
+
+def _previous_section(text: str, title: str) -> str | None:
+    """The body of section ``## title`` of a previous ``results.md`` (without its footer line)."""
+    head = f"## {title}\n\n"
+    if head not in text:
+        return None
+    body = text.split(head, 1)[1].split("\n## ", 1)[0]
+    return body.rsplit("\n\n_(", 1)[0].strip() if "\n\n_(" in body else body.strip()
+
+
+def _kept(n: str, df: pd.DataFrame, out: Path, previous: str) -> tuple[pd.DataFrame, str] | None:
+    """The previous build's table ``n`` and its section when a tables-only rebuild lacks some of its
+    rows (its checkpoints are gone); ``None`` when the rebuild is complete or there is nothing to keep."""
+    old_csv = out / f"table_{n}.csv"
+    if n not in CHECKPOINT_TABLES or not old_csv.is_file():
+        return None
+    old = pd.read_csv(old_csv, dtype=str, keep_default_na=False)
+    if not len(old.columns):
+        return None
+    key = old.columns[0]
+    have = set(df[key].astype(str)) if key in df.columns else set()
+    if set(old[key]) <= have:
+        return None
+    body = _previous_section(previous, EXPERIMENTS[n].title)
+    return (old, body) if body else None
+
+
+def _tables(names, results, root, b, S_of, large_seeds, out, *, train: bool = True,
+            previous: str = "") -> tuple[dict, list[str]]:
     sections, tables = [], {}
     for n in names:
         e = EXPERIMENTS[n]
         t1 = time.time()
         if n in LARGE_ROWS:
             df, md = e.table(results, root, b, S_of[n], large_seeds)
-        elif n == "mechanism":
+        elif n in CHECKPOINT_TABLES:
             df, md = e.table(results, root, b, S_of[n], out_dir=out)
         else:
             df, md = e.table(results, root, b, S_of[n])
+        kept = None if train else _kept(n, df, out, previous)
+        if kept is not None:
+            tables[n], body = kept
+            sections.append(f"## {e.title}\n\n{body}\n\n_({P.eval_note(b)}; kept from the previous build of "
+                            f"table_{n}.csv: it needs the runs' checkpoints, which are not here)_\n")
+            continue
         tables[n] = df
         write_csv(out / f"table_{n}.csv", df)
         sections.append(f"## {e.title}\n\n{md}\n\n_({P.eval_note(b)}; table built in {time.time() - t1:.0f} s)_\n")
     return tables, sections
 
 
-def _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_seeds, results, b, train_s) -> list[str]:
+def _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_seeds, results, b, train_s,
+            decl: Declaration = DECLARATION) -> list[str]:
     failed = results[results.status == "failed"]
     quick_note = (f" — QUICK MODE ({b.steps} steps; not comparable to the paper: rows are labelled with the paths "
                   "actually trained, and no paper numbers are shown)") if quick else ""
     head = [
         "# circuitfade: reproduction of the main paper" + quick_note,
         "",
-        f"Command: `python -m studies.paper reproduce {' '.join(names)} --seeds {seeds} --out {out}"
+        f"Command: `python -m studies.paper reproduce {' '.join(names)} --seeds {seeds}"
+        + (f" --large-seeds {large_seeds}" if large_seeds != 1 else "") + f" --out {out}"
         + (" --quick" if quick else "") + (" --tables-only" if not train else "")
         + (f" --runs {runs_dir}" if runs_dir is not None else "")
         + "".join(f" --seeds-for {k}={v}" for k, v in seeds_for.items())
@@ -355,6 +372,8 @@ def _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_se
         f"{int((results.status == 'missing').sum())} not trained, "
         f"{len(failed)} failed); sweep wall time {train_s / 60:.1f} min.",
         "",
+        f"Declaration: {decl.stamp()} (`studies/paper/rules.py`: experiments, seeds, claims, rules, intervals).",
+        "",
         f"Evaluation: {P.eval_note(b)}. Columns: *zero-gate* = every prior's gate at 0; *normal* = gates as at the "
         "final step (0 for every fade/linear/switch path, so normal = zero-gate there); *param* = sigmoid(gate logit) "
         "(for fixed/scheduled gates the initial 0.5); *g=0.5* = all gates at 0.5.",
@@ -362,7 +381,11 @@ def _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_se
         "Cells: mean over seeds with its 95% interval `[lo, hi]` (Student t over the seeds; `sd` = across-seed "
         "standard deviation). With one seed (`n=1, eval only`) the interval is the Wilson interval of that run's "
         f"accuracy on its {b.eval_size} evaluation examples: it covers evaluation noise only, not seed-to-seed "
-        "variation. Verdicts compare these intervals (rules in the verdict table).",
+        "variation. Verdicts compare these intervals (rules in the verdict table). A difference of two "
+        "measurements has one interval wherever it appears: Student t over the seeds, paired where both arms have "
+        "the same seeds (the runs of one seed share its initialisation and data order), Welch otherwise; an arm "
+        f"with one seed carries only its evaluation's binomial error ({b.eval_size} examples, a large-sample "
+        "error), so two one-seed arms compare by the normal interval.",
         "",
     ]
     if len(failed):
@@ -403,12 +426,22 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results/paper", 
     recorded_runs = results.drop(columns=["config"], errors="ignore").copy()
     if not train:  # where the run lives in OUT's layout, whichever folder it was read from
         recorded_runs["run_dir"] = [str(out / "runs" / r) for r in recorded_runs["run"]]
+    previous = (out / "results.md").read_text() if (out / "results.md").is_file() else ""
     write_csv(out / "results_runs.csv", recorded_runs)
-    tables, sections = _tables(names, results, root, b, S_of, large_seeds, out)
-    v = verdicts(results, root, b, list(range(seeds)), tables.get("mechanism"), large_seeds=range(large_seeds))
+    tables, sections = _tables(names, results, root, b, S_of, large_seeds, out, train=train, previous=previous)
+    mech = tables.get("mechanism")
+    v = verdicts(results, root, b, list(range(seeds)), mech, large_seeds=range(large_seeds))
     tables["verdicts"] = v
     head = _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_seeds, results, b, train_s)
-    text = "\n".join(head) + "\n" + "\n".join(sections) + "\n## Claim-by-claim verdict\n\n" + P.md_table(v) + "\n"
+    text = ("\n".join(head) + "\n" + "\n".join(sections) + "\n## Claim-by-claim verdict\n\n"
+            + f"Rules of {DECLARATION.stamp()}.\n\n" + P.md_table(v) + "\n")
+    if len(rules.DECLARATIONS) > 1:
+        ev = earlier_verdicts(results, root, b, list(range(seeds)), mech, large_seeds=range(large_seeds))
+        tables["verdicts_by_version"] = ev
+        write_csv(out / "verdicts_by_version.csv", ev)
+        text += ("\n## Verdicts under every declaration version\n\n"
+                 + "; ".join(f"v{k}: {rules.VERSION_NOTES[k]}" for k in sorted(rules.DECLARATIONS)) + ".\n\n"
+                 + P.md_table(ev) + "\n")
     write_text(out / "results.md", text)
     _write_html(out, results, root)
     return {"results": results, "tables": tables, "markdown": text}

@@ -15,14 +15,16 @@ cell) is trained once.
 copies every finished run's ``config.json``, ``metrics.csv`` and ``done.json``
 (never its checkpoints) into ``OUT/runs/<run>/`` and builds the tables and the
 figure from those copies, so ``python -m studies.removability --tables-only`` rebuilds everything
-on a machine without the runs. Definitions and rules (all fixed here, before any
-result was looked at):
+on a machine without the runs. Definitions and rules (declared, with the grid and how it
+was extended, in :mod:`studies.removability.declaration`; fixed before any result was looked
+at, except the 10,800-step budget, added after the 3,600-step results):
 
 * zero-gate accuracy: the run's final ``acc_zero`` (``eval_size`` = 512 sequences;
   its binomial standard error ``sqrt(p (1 - p) / n)`` with ``n`` = the eval set's
   sequences, an approximation since answer positions within a sequence are pooled);
 * margin: per seed, ``acc_zero(fade600->0) - acc_zero(forced_zero)`` (same seed);
-  interval: 95% Student-t over the per-seed margins (``t_{.975, n-1} sd / sqrt(n)``);
+  interval: 95% paired Student t over the seeds (``t_{.975, n-1} sd / sqrt(n)`` of the
+  per-seed margins, :func:`circuitfade.stats.paired_t_interval`);
 * on the plateau: final zero-gate accuracy below :data:`PLATEAU_ACC` = 0.3;
 * time to threshold: the first evaluated step with ``acc_zero >= 0.5``
   (:data:`THRESHOLD`; evaluation every 100 steps; NaN = never within the budget);
@@ -62,32 +64,26 @@ from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
 from circuitfade.train.sweep import run_sweep
 from circuitfade.viz.report import markdown_table
-from studies.history.study import t_interval as _t
+from circuitfade.stats import paired_t_interval
+from circuitfade.stats import t_interval as _t
+from studies.removability.declaration import DECLARATION
 from studies.removability.figures import export_png, map_figure
 
-MODELS = {  # label -> RunConfig.model overrides (4 heads throughout)
-    "L2 d64": {},
-    "L2 d128": {"d_model": 128, "d_head": 32},
-    "L4 d64": {"n_layers": 4},
-    "L4 d128": {"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4},
-}
-TASKS = {  # label -> RunConfig.task
-    "recall (default)": {"name": "assoc"},
-    "recall (shared vocab)": {"name": "assoc", "shared_vocab": True},
-    "markov (p=0.5)": {"name": "markov", "p": 0.5},  # the paper's Markov runs (one config, shared)
-}
-GRID_TASKS = ("recall (default)", "recall (shared vocab)")  # grid() default; Markov only where asked for
-BASELINE, FADE, UNFORCED = "forced_zero", "fade600->0", "unforced"
+_D = DECLARATION.data
+MODELS = {k: dict(v) for k, v in _D["models"].items()}  # label -> RunConfig.model overrides (4 heads throughout)
+TASKS = {k: dict(v) for k, v in _D["tasks"].items()}  # label -> RunConfig.task
+GRID_TASKS = tuple(_D["grid_tasks"])  # grid() default; Markov only where asked for
+BASELINE, FADE, UNFORCED = _D["paths"]["baseline"], _D["paths"]["fade"], _D["paths"]["unforced"]
 PATHS = (BASELINE, FADE, UNFORCED)
 # rough single-core minutes per 3,600-step run on the project's CI-class machine
 COST_MIN = {"L2 d64": 1.5, "L2 d128": 2.5, "L4 d64": 3.0, "L4 d128": 8.0}
 
-# ---- rules, fixed before any map result was seen (see the module docstring)
-PLATEAU_ACC = 0.3
-THRESHOLD = 0.5
-DECIDES_MARGIN = 0.2
-SIGNAL_STEP = 600
-SIGNAL_PRIMARY = "circuit_share"  # ||P_C g|| / ||g||: scale-free across model sizes
+# ---- rules, declared before any map result was seen (studies/removability/declaration.py)
+PLATEAU_ACC = _D["rules"]["plateau_acc"]
+THRESHOLD = _D["rules"]["threshold"]
+DECIDES_MARGIN = _D["rules"]["decides_margin"]
+SIGNAL_STEP = _D["continuation"]["signal_step"]
+SIGNAL_PRIMARY = _D["continuation"]["primary"]  # ||P_C g|| / ||g||: scale-free across model sizes
 CLASSES = ("path decides removability", "mixed", "prior only speeds learning", "no difference",
            "forced_zero better", "too few seeds")
 RUN_FILES = ("config.json", "metrics.csv", "done.json")
@@ -104,7 +100,7 @@ class Cell:
         return RunConfig(path=path, task=dict(TASKS[self.task]), model=dict(MODELS[self.model]), train=train, seed=seed)
 
 
-def grid(models=None, tasks=None, steps=(3600,)) -> list[Cell]:
+def grid(models=None, tasks=None, steps=tuple(_D["steps"])) -> list[Cell]:
     models = list(MODELS) if models is None else list(models)
     tasks = list(GRID_TASKS) if tasks is None else list(tasks)
     for name in models:
@@ -116,7 +112,7 @@ def grid(models=None, tasks=None, steps=(3600,)) -> list[Cell]:
     return [Cell(m, t, s) for s in steps for m in models for t in tasks]
 
 
-def configs(cells, seeds=(0, 1, 2), paths=PATHS, unforced_seeds=(0,)) -> list[RunConfig]:
+def configs(cells, seeds=tuple(_D["seeds"]), paths=PATHS, unforced_seeds=tuple(_D["unforced_seeds"])) -> list[RunConfig]:
     """Run configs of ``cells``, cheapest cells first (a sweep cut short keeps whole cells)."""
     out = []
     for cell in sorted(cells, key=lambda c: (COST_MIN.get(c.model, 10) * c.steps, list(TASKS).index(c.task))):
@@ -162,10 +158,14 @@ def binomial_se(p: float, n: int) -> float:
 
 def classify(margins: Sequence[float], fade_earlier: Sequence[bool], *, margin: float = DECIDES_MARGIN) -> str:
     """The cell's class from its per-seed margins and "fade reached 0.5 strictly
-    earlier" flags (same seeds), by the rule in the module docstring."""
+    earlier" flags (same seeds), by the declared rule (module docstring). The paper's claim
+    ("the path decides removability") holds only for the first class; every other class is
+    a failing outcome for it. A NaN margin is an error, never a class."""
     m = [float(x) for x in margins]
     if len(m) != len(fade_earlier):
         raise ValueError("classify: margins and fade_earlier must have one entry per seed")
+    if any(math.isnan(x) for x in m):
+        raise ValueError(f"classify: margins must be finite, got {m}")
     if len(m) < 2:
         return "too few seeds"
     if all(x >= margin for x in m):
@@ -348,8 +348,8 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
         paired = by[FADE].merge(by[BASELINE], on="seed", suffixes=("_fade", "_fz"))
         margins = (paired.acc_zero_fade - paired.acc_zero_fz).tolist()
         earlier = [_earlier(a, b) for a, b in zip(paired.t50_fade, paired.t50_fz)]
-        mean, lo, hi = t_interval(margins) if margins else (math.nan, math.nan, math.nan)
-        se = float(np.std(margins, ddof=1) / math.sqrt(len(margins))) if len(margins) > 1 else math.nan
+        diff = paired_t_interval(paired.acc_zero_fade, paired.acc_zero_fz)  # the one margin interval
+        mean, lo, hi, se = diff.estimate, diff.lo, diff.hi, diff.se
         row.update({
             "n_paired": len(margins), "paired_seeds": " ".join(str(s) for s in paired.seed),
             "margin_mean": mean, "margin_lo": lo, "margin_hi": hi, "margin_se": se,
@@ -466,6 +466,18 @@ def _r(x, spec="{:.3f}"):
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else spec.format(x)
 
 
+_RULES_TEXT = (
+    "Rules (declared in `studies/removability/declaration.py`; the 10,800-step budget was added after the "
+    "3,600-step results, see the declaration's extensions): margin = "
+    "fade600->0 − forced_zero final zero-gate accuracy, paired by seed; interval: 95% paired Student t over "
+    f"the seeds; plateau: final zero-gate acc < {PLATEAU_ACC}; t50: first evaluated step (every 100) "
+    f"with zero-gate acc ≥ {THRESHOLD} (— = never); class: 'path decides removability' = every seed's "
+    f"margin ≥ {DECIDES_MARGIN}; 'mixed' = some seeds ≥ {DECIDES_MARGIN}, not all; 'prior only speeds "
+    f"learning' = no seed ≥ {DECIDES_MARGIN} but the fade reaches {THRESHOLD} strictly first in more than "
+    "half the seeds; else 'no difference' ('forced_zero better' = every seed ≤ −0.2). Per-run binomial "
+    "SE of a zero-gate accuracy (n = 512 eval sequences) is ≤ 0.022.")
+
+
 def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str], *, sig: pd.DataFrame | None = None,
                      tests: pd.DataFrame | None = None, missing_ckpt: Sequence[str] = (), expected: int | None = None,
                      command: str = "") -> str:
@@ -476,14 +488,8 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
               + f"; {len(cells)} cells. Seeds per cell and path are in the table (n columns).")
     lines += [f"**Status:** {status}", "",
               f"Command: `{command}`" if command else "", "",
-              "Rules (fixed in `studies/removability/map.py` before results were seen): margin = "
-              "fade600->0 − forced_zero final zero-gate accuracy, paired by seed; interval: 95% Student-t over the "
-              f"per-seed margins; plateau: final zero-gate acc < {PLATEAU_ACC}; t50: first evaluated step (every 100) "
-              f"with zero-gate acc ≥ {THRESHOLD} (— = never); class: 'path decides removability' = every seed's "
-              f"margin ≥ {DECIDES_MARGIN}; 'mixed' = some seeds ≥ {DECIDES_MARGIN}, not all; 'prior only speeds "
-              f"learning' = no seed ≥ {DECIDES_MARGIN} but the fade reaches {THRESHOLD} strictly first in more than "
-              "half the seeds; else 'no difference' ('forced_zero better' = every seed ≤ −0.2). Per-run binomial "
-              "SE of a zero-gate accuracy (n = 512 eval sequences) is ≤ 0.022.", ""]
+              f"Declaration: {DECLARATION.stamp()} (`studies/removability/declaration.py`: grid, seeds, extensions, "
+              "rules).", "", _RULES_TEXT, ""]
     if len(cells):
         show = cells.assign(
             margin=[f"{_r(m, '{:+.3f}')} [{_r(a, '{:+.3f}')}, {_r(b, '{:+.3f}')}]"
@@ -565,9 +571,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--models", nargs="+", choices=list(MODELS), help="models (default: all)")
     ap.add_argument("--tasks", nargs="+", choices=list(TASKS),
                     help=f"tasks (default: {', '.join(GRID_TASKS)})")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--unforced-seeds", type=int, nargs="*", default=[0], help="seeds with an unforced run (default 0; none: give the flag alone)")
-    ap.add_argument("--steps", type=int, nargs="+", default=[3600], help="budgets (default 3600)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(_D["seeds"]), help=f"seeds (default {_D['seeds']})")
+    ap.add_argument("--unforced-seeds", type=int, nargs="*", default=list(_D["unforced_seeds"]),
+                    help="seeds with an unforced run (default 0; none: give the flag alone)")
+    ap.add_argument("--steps", type=int, nargs="+", default=list(_D["steps"]), help=f"budgets (default {_D['steps']})")
     ap.add_argument("--workers", type=int, help="parallel training runs (default: one per core)")
     ap.add_argument("--timing", help="the sweep's result CSV (columns run, seconds, status) for per-run seconds")
     ap.add_argument("--continuation", action="store_true", help="also measure the continuation signal on the "
@@ -641,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sig, tests, missing = _continuation(ns, runs, cells, roots, out)
     command = "python -m studies.removability " + " ".join(argv if argv is not None else sys.argv[1:])
     md = results_markdown(runs, cells, problems, sig=sig, tests=tests, missing_ckpt=missing,
-                          expected=len(configs(grid(), seeds=(0, 1, 2))), command=command.strip())
+                          expected=len(configs(grid())), command=command.strip())
     atomic_write(out / "results.md", (md + "\n").encode())
     if not ns.no_figure and len(cells):
         _figures(cells, runs, out)
