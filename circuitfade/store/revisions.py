@@ -480,9 +480,9 @@ def check_integrity(
                                  "digest": None})
     iterator = snaps
     if progress:
-        from tqdm.auto import tqdm
+        from circuitfade.store.tracing import progress_bar
 
-        iterator = tqdm(snaps, desc="integrity", leave=False)
+        iterator = progress_bar(snaps, desc="integrity", leave=False)
     for snap in iterator:
         try:
             digest = _snapshot_digest(snap, load)
