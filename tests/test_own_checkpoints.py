@@ -387,3 +387,10 @@ def test_progress_bar_in_a_notebook_with_ipywidgets_is_the_widget(monkeypatch):
     assert isinstance(progress_bar(range(3), desc="x"), Widget)
     monkeypatch.delitem(sys.modules, "ipykernel.zmqshell")
     assert not isinstance(progress_bar(range(3), disable=True), Widget)  # a terminal: the text bar
+
+
+def test_pattern_and_step_pattern_are_refused_where_they_would_be_ignored():
+    models = [tiny_model(0), tiny_model(1)]
+    for kw in ({"pattern": "step*"}, {"step_pattern": r"(\d+)"}, {"key": "model"}):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))}= applies to"):
+            attach(models, **kw)

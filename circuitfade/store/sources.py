@@ -311,9 +311,8 @@ def _headers(files: list[Path], key: str | None, in_folder: bool) -> list:
     return out
 
 
-def _file_series(files: list[Path], headers: list, steps: list[int], config, device, metadata, source: str,
+def _file_series(files: list[Path], headers: list, steps: list[int], cfg, device, metadata, source: str,
                  key: str | None = None) -> CheckpointSeries:
-    cfg = _build_config(config, "config")
     skeleton = _new_model(cfg, shapes_only=True)
     expected = skeleton.state_dict()
     for f, h in zip(files, headers):  # eager, header-only validation (meta tensors: names, shapes, dtypes)
@@ -438,6 +437,7 @@ def from_state_dicts(files, *, config=None, steps: Sequence[int] | None = None, 
     """
     own_steps = isinstance(files, Mapping)
     in_folder = False
+    cfg = None if config is None else _build_config(config, "config")  # a bad config is named before any file
     if own_steps:
         items = _step_items(files)
         if not items or not all(_is_pathlike(v) for _, v in items):
@@ -461,7 +461,8 @@ def from_state_dicts(files, *, config=None, steps: Sequence[int] | None = None, 
             folder = paths[0].parent
         headers = _headers(paths, key, in_folder)
         labels = _label_steps(paths, steps, "files", step_pattern=step_pattern, recorded=[h.step for h in headers])
-    cfg = config if config is not None else _sibling_config(folder)
+    if cfg is None:
+        cfg = _build_config(_sibling_config(folder), "config")
     source = str(folder) if in_folder else str(paths[0]) if _is_pathlike(files) else str(folder)
     series = _file_series(paths, headers, labels, cfg, device, _folder_meta(folder, metadata), source, key)
     return _select(series, steps) if own_steps else series
@@ -597,9 +598,10 @@ def attach(
             raise ValueError(f"{name}= applies to state-dict files only, not to {_KIND_NAMES[kind]}")
     if kind == "hf":
         return from_hf(source, pattern=pattern, step_pattern=step_pattern, **kw)
-    if step_pattern is not None:
-        raise ValueError(f"step_pattern= applies to files and Hugging Face folders, not to {_KIND_NAMES[kind]} "
-                         "(which carry their own steps)")
+    for name, value in (("step_pattern", step_pattern), ("pattern", pattern)):
+        if value is not None:
+            raise ValueError(f"{name}= applies to folders of files and Hugging Face folders, not to "
+                             f"{_KIND_NAMES[kind]} (which carry their own steps: select some with steps=)")
     return _CONSTRUCTORS[kind](source, **kw)
 
 
