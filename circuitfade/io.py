@@ -14,8 +14,10 @@ runs code from the file.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 import types
 import typing
@@ -210,13 +212,11 @@ def check_file(path: str | os.PathLike) -> Path:
     except PermissionError:
         raise CheckpointError(f"{path}: permission denied (cannot look up the file)") from None
     except OSError as e:  # ELOOP: a symlink loop; ENAMETOOLONG, ...
-        why = "symlink loop" if e.errno == 40 else (e.strerror or str(e))
+        why = "symlink loop" if e.errno == errno.ELOOP else (e.strerror or str(e))
         raise CheckpointError(f"{path}: {why}; expected a checkpoint file") from None
-    import stat as _stat
-
-    if _stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(st.st_mode):
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
-    if not _stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode):
         raise CheckpointError(f"{path}: not a regular file (a device, pipe or socket); expected a checkpoint file")
     if not os.access(path, os.R_OK):
         raise CheckpointError(f"{path}: permission denied (the file is not readable)")

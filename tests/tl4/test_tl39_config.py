@@ -10,7 +10,6 @@ their 3.9 defaults here). On either line the checkpoint attaches with that file 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
