@@ -28,7 +28,7 @@ from circuitfade.analysis.precursor import median_interval
 from circuitfade.io import CheckpointError, load_tensors, read_json
 from circuitfade.store import attach, check_series_weights, open_run, step_from_name, trace
 from circuitfade.tasks import Batch, eval_set
-from circuitfade.train.loop import RunConfig, TrainConfig, train
+from circuitfade.train import RunConfig, TrainConfig, train
 from circuitfade.viz.report import analyze, analyze_main
 from planted import CopyTask
 
