@@ -14,11 +14,14 @@ runs code from the file.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,7 +36,14 @@ __all__ = [
     "check_outputs",
     "default_output_dir",
     "peek_shapes",
+    "read_header",
+    "WeightsHeader",
+    "check_file",
     "check_header",
+    "dtype_fits",
+    "MODEL_STATE_KEYS",
+    "STEP_KEYS",
+    "MAX_STEP",
     "write_json",
     "write_text",
     "write_csv",
@@ -133,11 +143,23 @@ def write_csv(path: str | os.PathLike, df) -> Path:
 
 
 def read_json(path: str | os.PathLike) -> Any:
+    """The parsed JSON file ``path``; :class:`CheckpointError` naming it when it is missing,
+    unreadable, empty or not JSON."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file not found") from None
+    except PermissionError:
+        raise CheckpointError(f"{path}: permission denied (the file is not readable)") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a directory, expected a JSON file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot be read as text ({e})") from None
+    if not text.strip():
+        raise CheckpointError(f"{path}: empty file, expected JSON")
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
@@ -155,77 +177,236 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], m
     return atomic_write(path, save(flat, metadata=metadata))
 
 
-def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Load weights without unpickling code: safetensors, or ``torch.load(weights_only=True)``.
+MODEL_STATE_KEYS: tuple[str, ...] = ("model", "state_dict", "model_state_dict")
+"""Keys under which a full training checkpoint (``torch.save({"model": sd, "optimizer": ...,
+"step": s})``) holds the model's state dict; :func:`load_tensors` finds it there (``key=``
+names any other)."""
 
-    Raises :class:`CheckpointError` naming the file when it is missing,
-    truncated, or not a weights file.
-    """
+STEP_KEYS: tuple[str, ...] = ("step", "global_step", "iter_num", "iteration")
+"""Keys of a full checkpoint (or safetensors metadata: ``step``) read as its training step."""
+
+MAX_STEP = 2**63 - 1
+"""The largest step label (``int64``): steps are stored as ``int64`` in every trace."""
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+    **{k: getattr(torch, v) for k, v in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"),
+                                         ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"))
+       if isinstance(getattr(torch, v, None), torch.dtype)},
+}
+
+
+def check_file(path: str | os.PathLike) -> Path:
+    """``path`` if it is a regular file this process can read, else :class:`CheckpointError`
+    naming it and saying why: not found, a dangling symlink, a symlink loop, a directory, or
+    permission denied (never reported as "not found")."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint file not found")
-    suffix = path.suffix.lower()
     try:
-        if suffix == ".safetensors":
-            return load_file(str(path))
-        if suffix in (".pt", ".pth", ".bin"):
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
-        else:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise CheckpointError(f"{path}: dangling symlink (points to {os.readlink(path)}, which does not exist)") from None
+        raise CheckpointError(f"{path}: checkpoint file not found") from None
+    except PermissionError:
+        raise CheckpointError(f"{path}: permission denied (cannot look up the file)") from None
+    except OSError as e:  # ELOOP: a symlink loop; ENAMETOOLONG, ...
+        why = "symlink loop" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise CheckpointError(f"{path}: {why}; expected a checkpoint file") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{path}: not a regular file (a device, pipe or socket); expected a checkpoint file")
+    if not os.access(path, os.R_OK):
+        raise CheckpointError(f"{path}: permission denied (the file is not readable)")
+    return path
+
+
+def _step_value(v, path: Path, key: str) -> int:
+    """A full checkpoint's ``step`` entry as an int in ``[0, MAX_STEP]``."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point() and v.dtype != torch.bool:
+        v = int(v.item())
+    elif isinstance(v, str) and v.strip().isdigit():
+        v = int(v.strip())
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise CheckpointError(f"{path}: entry {key!r} should be the training step (an integer), got {v!r}")
+    if not 0 <= v <= MAX_STEP:
+        raise CheckpointError(f"{path}: entry {key!r} = {v} is not a step (expected 0 <= step <= {MAX_STEP})")
+    return v
+
+
+def _is_tensor_map(obj) -> bool:
+    return isinstance(obj, Mapping) and len(obj) > 0 and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def _unwrap(obj, path: Path, key: str | None) -> tuple[dict, str | None, int | None]:
+    """``(state dict, the key it was under or None, the step entry or None)`` of a loaded ``.pt`` object.
+
+    A bare state dict (names -> tensors) is itself; a full training checkpoint gives the
+    entry ``key`` (or the one of :data:`MODEL_STATE_KEYS` it has) and its step entry
+    (first of :data:`STEP_KEYS`). Anything else: :class:`CheckpointError` listing the keys found.
+    """
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{path}: expected a state dict (parameter name -> tensor) or a full checkpoint "
+                              f"dict, got {type(obj).__name__}")
+    keys = [str(k) for k in obj]
+    shown = keys[:12] + (["..."] if len(keys) > 12 else [])
+    if key is None and _is_tensor_map(obj):
+        return dict(obj), None, None
+    if key is not None:
+        if key not in obj:
+            raise CheckpointError(f"{path}: no entry {key!r} (key=); entries found: {shown}")
+        if not _is_tensor_map(obj[key]):
+            raise CheckpointError(f"{path}: entry {key!r} (key=) is not a state dict (parameter name -> tensor)")
+        found = key
+    else:
+        hits = [k for k in MODEL_STATE_KEYS if k in obj and _is_tensor_map(obj[k])]
+        if not hits:
             raise CheckpointError(
-                f"{path}: unknown checkpoint format {suffix!r}; expected .safetensors, .pt or .pth"
+                f"{path}: expected a state dict (parameter name -> tensor) or a full checkpoint with the model's "
+                f"state dict under one of {list(MODEL_STATE_KEYS)}; entries found: {shown}. Pass key='...' to "
+                "name the entry that holds the model's state dict"
             )
-    except CheckpointError:
-        raise
-    except (SafetensorError, RuntimeError, EOFError, OSError, ValueError) as e:
+        if len(hits) > 1:
+            raise CheckpointError(f"{path}: several entries look like the model's state dict ({hits}); "
+                                  "pass key='...' to choose one")
+        found = hits[0]
+    step = next((_step_value(obj[k], path, k) for k in STEP_KEYS if k in obj), None)
+    return dict(obj[found]), found, step
+
+
+@dataclass(frozen=True)
+class WeightsHeader:
+    """What a weights file says about itself, read without its tensor data where possible
+    (:func:`read_header`): ``tensors`` maps each name to ``(shape, dtype)``; ``step`` is the
+    step the file records (a full checkpoint's ``step`` entry, a safetensors ``step``
+    metadata value) or ``None``; ``key`` the full-checkpoint entry holding the state dict
+    (``None`` for a bare state dict or a safetensors file); ``entries`` the file's top-level keys."""
+
+    path: Path
+    tensors: Mapping[str, tuple[tuple[int, ...], torch.dtype | str]]
+    step: int | None = None
+    key: str | None = None
+    entries: tuple[str, ...] = ()
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: s for k, (s, _) in self.tensors.items()}
+
+
+def _torch_load(path: Path, *, mmap: bool):
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+    except PermissionError:
+        raise CheckpointError(f"{path}: permission denied (the file is not readable)") from None
+    except RuntimeError as e:
+        if mmap and "mmap" in str(e):
+            return _torch_load(path, mmap=False)  # legacy (non-zip) torch.save format: read it in full
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or foreign file?): {e}") from None
-    except Exception as e:  # torch.load's weights_only unpickler raises UnpicklingError
+    except (EOFError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or foreign file?): {e}") from None
+    except Exception as e:  # torch.load's weights_only unpickler raises UnpicklingError for pickled code
         raise CheckpointError(f"{path}: refused to load (not a plain weights file): {e}") from None
-    if isinstance(obj, Mapping) and "state_dict" in obj and isinstance(obj["state_dict"], Mapping):
-        obj = obj["state_dict"]
-    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise CheckpointError(f"{path}: expected a mapping of parameter names to tensors")
-    return dict(obj)
 
 
-def peek_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the tensors in a weights file, reading headers only (no tensor data
-    for safetensors and zip-format ``.pt``); :class:`CheckpointError` naming the file if unreadable."""
-    from safetensors import safe_open
+def _suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in (".safetensors", ".pt", ".pth", ".bin"):
+        raise CheckpointError(f"{path}: unknown checkpoint format {suffix!r}; expected .safetensors, .pt, .pth or .bin")
+    return suffix
 
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint file not found")
-    if path.suffix.lower() == ".safetensors":
+
+def read_header(path: str | os.PathLike, *, key: str | None = None) -> WeightsHeader:
+    """Names, shapes, dtypes and recorded step of the tensors in a weights file (:class:`WeightsHeader`).
+
+    Safetensors: the header only (its ``step`` metadata, if any, is the step); the
+    header is checked to cover the file exactly, so a truncated file fails here. ``.pt``/
+    ``.pth``/``.bin``: a memory-mapped ``torch.load(weights_only=True)`` (no tensor data
+    read for zip-format files), unwrapped as :func:`load_tensors` does. Every failure is a
+    :class:`CheckpointError` naming the file.
+    """
+    path = check_file(path)
+    if _suffix(path) == ".safetensors":
+        if key is not None:
+            raise CheckpointError(f"{path}: key={key!r} applies to .pt/.pth/.bin full checkpoints, not safetensors")
+        from safetensors import safe_open
+
         try:
             with safe_open(str(path), framework="pt") as f:
-                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+                tensors = {}
+                for k in f.keys():
+                    sl = f.get_slice(k)
+                    dt = sl.get_dtype()
+                    tensors[k] = (tuple(sl.get_shape()), _SAFETENSORS_DTYPES.get(dt, dt))
+                meta = f.metadata() or {}
+        except PermissionError:
+            raise CheckpointError(f"{path}: permission denied (the file is not readable)") from None
         except Exception as e:  # SafetensorError, OSError
             raise CheckpointError(f"{path}: not a readable safetensors file (truncated or foreign?): {e}") from None
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as e:
-        if "mmap" not in str(e):
+        step = _step_value(meta["step"], path, "step (metadata)") if "step" in meta else None
+        return WeightsHeader(path, tensors, step, None, tuple(tensors))
+    obj = _torch_load(path, mmap=True)
+    sd, found, step = _unwrap(obj, path, key)
+    entries = tuple(str(k) for k in obj) if isinstance(obj, Mapping) else ()
+    return WeightsHeader(path, {k: (tuple(v.shape), v.dtype) for k, v in sd.items()}, step, found, entries)
+
+
+def load_tensors(path: str | os.PathLike, *, key: str | None = None) -> dict[str, torch.Tensor]:
+    """Load weights without unpickling code: safetensors, or ``torch.load(weights_only=True)``.
+
+    A ``.pt``/``.pth``/``.bin`` file may hold a bare state dict or a full training
+    checkpoint: the state dict is then the entry ``key``, else the one of
+    :data:`MODEL_STATE_KEYS` (``model``, ``state_dict``, ``model_state_dict``) present.
+    Raises :class:`CheckpointError` naming the file when it is missing, unreadable,
+    truncated, not a weights file, or holds no state dict (listing the entries found).
+    """
+    path = check_file(path)
+    if _suffix(path) == ".safetensors":
+        if key is not None:
+            raise CheckpointError(f"{path}: key={key!r} applies to .pt/.pth/.bin full checkpoints, not safetensors")
+        try:
+            return load_file(str(path))
+        except PermissionError:
+            raise CheckpointError(f"{path}: permission denied (the file is not readable)") from None
+        except (SafetensorError, RuntimeError, OSError, ValueError) as e:
             raise CheckpointError(f"{path}: not a readable checkpoint (truncated or foreign file?): {e}") from None
-        obj = load_tensors(path)  # legacy (non-zip) torch.save format: read it in full
-    except Exception as e:  # UnpicklingError for pickled code, EOFError, OSError, ...
-        raise CheckpointError(f"{path}: refused to load (not a plain weights file): {e}") from None
-    if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
-        obj = obj["state_dict"]
-    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise CheckpointError(f"{path}: expected a mapping of parameter names to tensors")
-    return {k: tuple(v.shape) for k, v in obj.items()}
+    sd, _, _ = _unwrap(_torch_load(path, mmap=False), path, key)
+    return sd
 
 
-class _Shape:  # check_state_dict only reads ``.shape``
-    def __init__(self, shape):
+def peek_shapes(path: str | os.PathLike, *, key: str | None = None) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the tensors in a weights file, reading headers only
+    (:func:`read_header`); :class:`CheckpointError` naming the file if unreadable."""
+    return read_header(path, key=key).shapes
+
+
+class _Shape:  # check_state_dict only reads ``.shape`` (and ``.dtype`` when known)
+    def __init__(self, shape, dtype=None):
         self.shape = torch.Size(shape)
+        self.dtype = dtype
 
 
-def check_header(path: str | os.PathLike, expected: Mapping[str, Any]) -> None:
-    """Raise :class:`CheckpointError` naming ``path`` unless its tensor names/shapes (headers only)
-    fit ``expected`` (a state dict, or ``name -> shape``)."""
-    want = {k: _Shape(getattr(v, "shape", v)) for k, v in expected.items()}
-    check_state_dict({k: _Shape(s) for k, s in peek_shapes(path).items()}, want, str(path))
+def check_header(path: str | os.PathLike, expected: Mapping[str, Any], *, key: str | None = None) -> WeightsHeader:
+    """Raise :class:`CheckpointError` naming ``path`` unless its tensor names, shapes and dtypes
+    (headers only) fit ``expected`` (a state dict, or ``name -> shape``); returns the header."""
+    header = read_header(path, key=key)
+    want = {k: _Shape(getattr(v, "shape", v), getattr(v, "dtype", None)) for k, v in expected.items()}
+    check_state_dict({k: _Shape(s, d) for k, (s, d) in header.tensors.items()}, want, str(path))
+    return header
+
+
+def dtype_fits(found, expected) -> bool:
+    """Whether a tensor of dtype ``found`` may be loaded where ``expected`` is: any floating
+    dtype for a floating one (``load_state_dict`` casts), else exactly ``expected``; unknown
+    (``None``) fits anything."""
+    if found is None or expected is None:
+        return True
+    if not isinstance(found, torch.dtype):  # a safetensors dtype torch does not know
+        return False
+    if expected.is_floating_point:
+        return found.is_floating_point
+    return found == expected
 
 
 def check_state_dict(
@@ -234,7 +415,12 @@ def check_state_dict(
     source: str,
     ignore: tuple[str, ...] = (),
 ) -> None:
-    """Raise :class:`CheckpointError` naming ``source`` if keys or shapes differ."""
+    """Raise :class:`CheckpointError` naming ``source`` if keys, shapes or dtypes differ.
+
+    Dtypes are compared where both sides have one (:func:`dtype_fits`): a floating
+    parameter must be stored as some floating dtype (an ``int64`` or ``bool`` copy of a
+    model is refused), any other tensor as exactly its dtype.
+    """
 
     def keep(k: str) -> bool:
         return not any(k.endswith(s) for s in ignore)
@@ -246,6 +432,12 @@ def check_state_dict(
         for k in expected
         if k in loaded and keep(k) and loaded[k].shape != expected[k].shape
     ]
+    dtypes = [
+        f"{k}: file {getattr(loaded[k], 'dtype', None)} vs model {getattr(expected[k], 'dtype', None)}"
+        for k in expected
+        if k in loaded and keep(k)
+        and not dtype_fits(getattr(loaded[k], "dtype", None), getattr(expected[k], "dtype", None))
+    ]
     problems = []
     if missing:
         problems.append(f"missing {len(missing)} tensors (e.g. {missing[:4]})")
@@ -253,6 +445,8 @@ def check_state_dict(
         problems.append(f"unexpected {len(unexpected)} tensors (e.g. {unexpected[:4]})")
     if shapes:
         problems.append("shape mismatch: " + "; ".join(shapes[:4]))
+    if dtypes:
+        problems.append(f"dtype mismatch in {len(dtypes)} tensors: " + "; ".join(dtypes[:4]))
     if problems:
         raise CheckpointError(f"{source}: weights do not fit the config: " + ", ".join(problems))
 

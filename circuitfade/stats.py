@@ -206,7 +206,8 @@ def normal_interval(value: float, se: float, level: float = DEFAULT_LEVEL) -> tu
 
 # --------------------------------------------------------------------------- bootstrap
 def bootstrap_weights(n: int, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> np.ndarray:
-    """Count weights ``[resamples, n]`` of a nonparametric bootstrap over ``n`` examples.
+    """Count weights ``[resamples, n]`` of a nonparametric bootstrap over ``n`` examples
+    (``n >= 2`` and ``resamples >= 2``; fewer give a zero-width interval, so ``ValueError``).
 
     Row ``r`` says how often each example occurs in resample ``r`` (``n`` draws with
     replacement, so every row sums to ``n``). Deterministic in ``(n, resamples, seed)``,
@@ -214,8 +215,9 @@ def bootstrap_weights(n: int, resamples: int = DEFAULT_RESAMPLES, seed: int = 0)
     the same evaluation set (resample ``r`` is then one coherent alternative eval set).
     """
     for name, v in (("n", n), ("resamples", resamples)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 2:
+            raise ValueError(f"{name}: expected an int >= 2, got {v!r} (resampling one example, or drawing one "
+                             "resample, gives an interval of zero width)")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(int(resamples), int(n)))
     w = np.zeros((int(resamples), int(n)), dtype=np.float64)
@@ -249,10 +251,13 @@ def bootstrap_ratio(numerators, denominators, weights: np.ndarray) -> np.ndarray
 def percentile_interval(boot, level: float = DEFAULT_LEVEL, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Percentile interval ``(lo, hi)`` of resampled estimates along ``axis``.
 
-    NaN resamples are ignored; all-NaN slices give NaN.
+    NaN resamples are ignored; all-NaN slices give NaN. Fewer than 2 resamples:
+    ``ValueError`` (one value is no interval).
     """
     level = _check_level(level)
     b = np.asarray(boot, dtype=np.float64)
+    if b.ndim == 0 or b.shape[axis] < 2:
+        raise ValueError(f"percentile_interval: expected at least 2 resamples along axis {axis}, got shape {b.shape}")
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices -> NaN

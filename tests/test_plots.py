@@ -251,8 +251,10 @@ def test_analyze_main_prints_timeline(tiny_run, tmp_path, capsys):
     out = tmp_path / "a.html"
     assert analyze_main([str(tiny_run), "--out", str(out), "--n", "32", "--every", "20", "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert "| run | path | seed | successor_mass_top_head |" in printed
-    assert "| fade | fade5+5->0 | 0 |" in printed and "2 checkpoints (steps 0..20)" in printed
+    # the one-row timeline is printed transposed: one line per column
+    assert "| column | value |" in printed and "| path | fade5+5->0 |" in printed and "| run | fade |" in printed
+    assert "| run | path | seed |" not in printed and "2 checkpoints (steps 0..20)" in printed
+    assert re.search(r"^\| successor_mass_top_head \| L\dH\d \|$", printed, re.M)
     assert "| 20 | both gates zeroed |" in printed and out.is_file()
     assert analyze_main([str(tiny_run / "nope"), "--quiet"]) == 2
     assert "no such file" in capsys.readouterr().err

@@ -262,9 +262,9 @@ def continuation_trace(
     rows = []
     it = sub
     if progress:
-        from tqdm import tqdm
+        from circuitfade.store.tracing import progress_bar
 
-        it = tqdm(sub, total=len(sub), desc="continuation signal", unit="ckpt")
+        it = progress_bar(sub, total=len(sub), desc="continuation signal", unit="ckpt")
     for step, model in it:
         sig = continuation_signal(model, task, batch, heads=fixed, k=k, gates=gates,
                                   importance_gates=importance_gates, n_random=n_random, seed=seed)

@@ -172,9 +172,9 @@ def screen_series(
     skipped: dict[int, str] = {}
     todo = list(series.snapshots)
     if progress:
-        from tqdm.auto import tqdm
+        from circuitfade.store.tracing import progress_bar
 
-        todo = tqdm(todo, desc=f"screen {series.metadata.get('run', '')}".strip(), leave=False)
+        todo = progress_bar(todo, desc=f"screen {series.metadata.get('run', '')}".strip(), leave=False)
     frames = []
     for snap in todo:
         try:

@@ -39,6 +39,9 @@ __all__ = [
     "ABLATION_LOSS_INCREASE",
     "BOOTSTRAP_SEED",
     "SUCCESSOR_MASS",
+    "NO_SOURCES_NOTE",
+    "check_vocab",
+    "has_answer_sources",
     "head_diagnostics",
     "head_label",
     "mean_ablation_importance",
@@ -81,8 +84,29 @@ def check_batch(model, batch: Batch) -> Batch:
         raise ValueError("batch: expected at least one answer position (batch.answer_mask is all False)")
     if batch.n_pos > model.cfg.n_ctx:
         raise ValueError(f"batch: sequence length {batch.n_pos} exceeds the model's n_ctx={model.cfg.n_ctx}")
+    check_vocab(model, batch)
     device = next(model.parameters()).device
     return batch.to(device) if batch.device != device else batch
+
+
+def check_vocab(model, batch: Batch) -> None:
+    """``ValueError`` unless every token id of ``batch`` is below the model's ``d_vocab`` and every
+    target below its ``d_vocab_out`` (a task whose vocabulary is larger than the model's would
+    otherwise fail with an ``IndexError`` inside the embedding)."""
+    cfg = model.cfg
+    d_vocab = int(cfg.d_vocab)
+    d_out = int(getattr(cfg, "d_vocab_out", -1) or -1)
+    d_out = d_vocab if d_out < 1 else d_out
+    top = int(batch.tokens.max()) if batch.tokens.numel() else -1
+    if top >= d_vocab or (batch.tokens.numel() and int(batch.tokens.min()) < 0):
+        raise ValueError(
+            f"batch: token ids up to {top} but the model's vocabulary has d_vocab={d_vocab} tokens; evaluate on a "
+            "task whose vocabulary fits the model (e.g. a smaller vocabulary through --task-arg / the task config)"
+        )
+    targets = batch.targets[batch.answer_mask]
+    if targets.numel() and int(targets.max()) >= d_out:
+        raise ValueError(f"batch: answer targets up to {int(targets.max())} but the model predicts d_vocab_out={d_out} "
+                         "tokens; evaluate on a task whose vocabulary fits the model")
 
 
 def gates_context(model, gates: str | Mapping | None):
@@ -153,7 +177,18 @@ def _successor_sums(model, batch: Batch, gates) -> tuple[Tensor, Tensor]:
         model.run_with_hooks(batch.tokens, fwd_hooks=hooks, return_type=None)
     if not all(fired):
         raise ValueError("model: a hook_pattern hook did not fire during the forward pass")
+    if not has_answer_sources(batch):
+        sums.fill_(float("nan"))  # no answer token is marked anywhere: the mass is undefined, not 0
     return sums, batch.answer_mask.sum(1).to(torch.float64).cpu()
+
+
+NO_SOURCES_NOTE = "no answer sources: the batch marks no position holding an answer token, so successor mass is undefined"
+"""The ``note`` of successor-mass rows measured on a batch without answer sources (their values are NaN)."""
+
+
+def has_answer_sources(batch: Batch) -> bool:
+    """Whether any answer position of ``batch`` has a marked source (``answer_sources``)."""
+    return bool((batch.answer_sources & batch.answer_mask[:, :, None]).any())
 
 
 def successor_mass(
@@ -176,7 +211,9 @@ def successor_mass(
     attention probability a head puts on the correct answer token, averaged over all
     answer positions of the batch: 1 for a head that always attends only there, and
     ``1/(i+1)`` per position for a uniformly attending head with one source. An answer
-    position with no marked source contributes 0 (the built-in tasks always mark one).
+    position with no marked source contributes 0 (e.g. a Markov position whose answer was
+    drawn at random); a batch with no marked source at any answer position gives NaN for
+    every head (the mass is undefined, not 0; :data:`NO_SOURCES_NOTE`).
 
     What it cannot tell: *why* a head attends there. A head that learned a positional
     shortcut ("attend to t-14") scores as high as an induction head whenever the answer
@@ -272,10 +309,17 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[d
     n_layers, n_heads = check_model(model, "hook_z")
     batch = check_batch(model, batch)
     if not isinstance(task, Task):
-        raise ValueError(f"task: expected a circuitfade.tasks.Task, got {type(task).__name__}")
+        raise ValueError(f"task: expected a circuitfade.tasks.Task (mean ablation scores answers with it), got "
+                         f"{type(task).__name__}; with trace(), pass task= (a name such as 'assoc', a Task) or your "
+                         "own circuitfade.tasks.Batch (as task= or batch=: it carries its targets)")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise ValueError(f"max_batch: expected a positive int or None, got {max_batch!r}")
     B = len(batch)
+    if B < 2:
+        raise ValueError(
+            f"batch: mean ablation needs at least 2 examples, got {B} (the batch mean of one example is that "
+            "example, so every head would score exactly 0)"
+        )
     per_forward = n_heads if max_batch is None else max(1, min(n_heads, max_batch // B))
     names = [f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
     means: dict[int, Tensor] = {}
@@ -365,10 +409,18 @@ def head_diagnostics(
     ablation means are held at their full-batch values). ``se`` is the standard
     deviation of the resampled estimates, ``lo``/``hi`` their ``level`` percentile
     interval, ``boot`` the resampled values themselves (a float array per row; the same
-    resamples for every head and checkpoint). ``resamples=0`` skips them (NaN columns).
+    resamples for every head and checkpoint). ``resamples=0`` skips them (NaN columns);
+    ``resamples=1`` and batches of fewer than 2 examples are refused (``ValueError``): an
+    interval from one resample or one example is no interval, and the batch mean of one
+    example is the example. On a batch without answer sources the successor-mass rows
+    are NaN and a ``note`` column says why (:data:`NO_SOURCES_NOTE`).
     """
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 0:
-        raise ValueError(f"resamples: expected an int >= 0, got {resamples!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 0 or resamples == 1:
+        raise ValueError(f"resamples: expected 0 (no intervals) or an int >= 2, got {resamples!r} "
+                         "(one resample gives an interval of zero width around one value)")
+    if isinstance(batch, Batch) and len(batch) < 2:
+        raise ValueError(f"batch: head diagnostics need at least 2 examples, got {len(batch)} (mean ablation "
+                         "and intervals over examples are undefined for one)")
     ablation_gates = _auto_gates(model, ablation_gates)
     sums, counts = _successor_sums(model, batch, mass_gates)
     mass = (sums.sum(0) / counts.sum()).float()
@@ -391,4 +443,8 @@ def head_diagnostics(
         boot = bootstrap_ratio(num, den, weights)  # [R, L, H]
         se, lo, hi = _interval(boot, level)
         frames.append(per_head_frame(value, name, se=se, lo=lo, hi=hi, boot=boot))
-    return pd.concat(frames, ignore_index=True)
+    out = pd.concat(frames, ignore_index=True)
+    if not has_answer_sources(batch):
+        out["note"] = pd.Series([NO_SOURCES_NOTE if m == SUCCESSOR_MASS else None for m in out["metric"]],
+                                dtype=object)
+    return out

@@ -262,7 +262,7 @@ def pool_cells(frame: pd.DataFrame, by: Sequence[str], *, kind: str = "part", n_
     discriminates when that value is finite (its intact model is ``min_gap`` above
     chance). Returns ``{"cells": frame (by..., retained, partial_credit, below), "n_cells",
     "n_discriminating", "median", "median_lo", "median_hi" (bootstrap 95% interval over
-    cells, ``n_boot`` resamples), "n_below" (cells below their partial-credit prediction),
+    cells, ``n_boot`` >= 2 resamples; NaN with fewer than 2 discriminating cells), "n_below" (cells below their partial-credit prediction),
     "p_sign" (:func:`sign_test`), "test"}``.
     """
     missing = [c for c in list(by) + ["kind", "retained", "partial_credit"] if c not in frame.columns]
@@ -275,7 +275,11 @@ def pool_cells(frame: pd.DataFrame, by: Sequence[str], *, kind: str = "part", n_
     ok = cells[np.isfinite(cells["retained"])]
     vals = ok["retained"].to_numpy()
     n_below = int(ok["below"].sum())
-    if len(vals):
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 2:
+        raise ValueError(f"pool_cells: n_boot must be an int >= 2, got {n_boot!r}")
+    if len(vals) == 1:  # one cell: a median, but no interval
+        med, lo, hi = float(vals[0]), float("nan"), float("nan")
+    elif len(vals):
         rng = np.random.default_rng(seed)
         boots = np.median(rng.choice(vals, size=(n_boot, len(vals)), replace=True), axis=1)
         med, lo, hi = float(np.median(vals)), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))

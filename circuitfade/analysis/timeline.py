@@ -61,6 +61,12 @@ def _resolve_by(traced: pd.DataFrame, by: Sequence[str] | str | None) -> list[st
     missing = [c for c in REQUIRED if c not in traced.columns]
     if missing:
         raise ValueError(f"traced: expected columns {list(REQUIRED)} plus group columns, missing {missing}")
+    if "boot" in traced.columns and traced["boot"].map(lambda b: isinstance(b, str)).any():
+        raise ValueError(
+            "traced: the 'boot' column holds text, not arrays of resampled values (a trace written with "
+            "DataFrame.to_csv and read with pandas.read_csv?), so no interval could be computed; write and read "
+            "traces with circuitfade.store.save_trace / load_trace"
+        )
     if by is None:
         return [c for c in DEFAULT_BY if c in traced.columns]
     by = [by] if isinstance(by, str) else list(by)

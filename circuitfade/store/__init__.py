@@ -31,18 +31,27 @@ constructor: :func:`from_run`, :func:`from_hf`, :func:`from_state_dicts`,
 5. **in-memory models**: one model, a list/tuple (steps ``0..n-1`` unless
    ``steps=``), or a dict ``{step: model}``.
 
-Steps of files and folders are the last integer in the file stem / folder name
-(``ckpt_step1200.pt`` -> 1200, ``model-000300.safetensors`` -> 300,
-``revision-2000/`` -> 2000) unless ``steps=`` gives them, in natural-sort order
-of the names.
+Steps of files and folders come from ``steps=`` if given; else from the file itself
+when it records one (a full training checkpoint's ``step`` entry, which must agree
+with the name); else from the name (:func:`step_from_name`): the number after
+``step``/``iter`` (``step100_acc0.98.pt`` -> 100, ``epoch3_step100.pt`` -> 100), else
+after ``checkpoint``/``ckpt``/``model`` (``ckpt-100``, ``model_100.pt``,
+``checkpoint-100/``), else the only integer in the name (``revision-2000/`` -> 2000).
+A name where that is ambiguous (``run3_seed1.pt``) is refused with a message showing
+``steps=`` and ``step_pattern=`` (a regex whose group is the step). Files are ordered
+by the natural sort of their names; :data:`NAMING_SCHEMES` lists the tested schemes.
 
 Validation is **eager and cheap**: :func:`attach` reads every state-dict file's
-*header* (names and shapes; safetensors header or a memory-mapped weights-only
+*header* (names, shapes and dtypes; safetensors header or a memory-mapped weights-only
 ``torch.load``, no tensor data) and checks it against the config, and reads every
-Hugging Face ``config.json``, so a foreign, truncated, pickled-code or
-wrongly-shaped file fails at attach time with a :class:`~circuitfade.io.CheckpointError`
-naming the file. Weights are read in full (and checked again) only when a
-snapshot is loaded. Nothing here touches the network: Hugging Face folders are
+Hugging Face ``config.json``, so a foreign, truncated, pickled-code, wrongly-shaped or
+re-typed (``int64``/``bool``) state-dict file, a dangling symlink or a directory under a
+checkpoint's name fails at attach time with a :class:`~circuitfade.io.CheckpointError`
+naming the file. The one exception: the weight files of Hugging Face revision folders are
+read when each revision is loaded (so a folder of public revisions with a broken one still
+attaches, for :func:`~circuitfade.store.revisions.sound_revisions` to report and skip);
+:func:`check_series_weights` reads their headers up front, as ``circuitfade analyze`` does.
+Weights are read in full (and checked again) only when a snapshot is loaded. Nothing here touches the network: Hugging Face folders are
 read with ``local_files_only=True`` and a hub id is never passed anywhere.
 
 :func:`trace` maps metric functions over a series into one tidy DataFrame with
@@ -52,10 +61,20 @@ columns ``step, layer, head, metric, value, se, lo, hi, note`` plus the series m
 
 from __future__ import annotations
 
-from .hf import SUPPORTED_HF_ARCHITECTURES, load_hf_local
+from .hf import SUPPORTED_HF_ARCHITECTURES, check_hf_weights, check_series_weights, load_hf_local
 from .runs import is_run_dir, open_run
 from .series import CheckpointSeries, Snapshot
-from .sources import WEIGHT_SUFFIXES, attach, from_hf, from_models, from_run, from_state_dicts
+from .sources import (
+    NAMING_SCHEMES,
+    TL39_ONLY_DEFAULTS,
+    WEIGHT_SUFFIXES,
+    attach,
+    from_hf,
+    from_models,
+    from_run,
+    from_state_dicts,
+    step_from_name,
+)
 from .tracing import (
     INTERVAL_COLUMNS,
     TRACE_COLUMNS,
@@ -65,8 +84,11 @@ from .tracing import (
     NoGatesError,
     PerHead,
     head_label,
+    load_trace,
     metric,
     per_head_frame,
+    progress_bar,
+    save_trace,
     trace,
 )
 
@@ -83,9 +105,17 @@ __all__ = [
     "from_state_dicts",
     "from_models",
     "load_hf_local",
+    "check_hf_weights",
+    "check_series_weights",
     "SUPPORTED_HF_ARCHITECTURES",
     "WEIGHT_SUFFIXES",
+    "NAMING_SCHEMES",
+    "TL39_ONLY_DEFAULTS",
+    "step_from_name",
     "trace",
+    "save_trace",
+    "load_trace",
+    "progress_bar",
     "TRACE_COLUMNS",
     "INTERVAL_COLUMNS",
     "Metric",

@@ -9,15 +9,15 @@ import torch
 import torch.nn as nn
 
 from circuitfade import compat
-from circuitfade.io import CheckpointError
+from circuitfade.io import CheckpointError, check_file, read_header, read_json
 
-from .runs import _RUN_KEYS, _read_config_json
+from .runs import RUN_KEYS, read_config_json
 from .series import CheckpointSeries, Snapshot
 
 SUPPORTED_HF_ARCHITECTURES: tuple[str, ...] = ("GPTNeoXForCausalLM", "GPT2LMHeadModel")
 """Hugging Face ``architectures[0]`` values :func:`load_hf_local` converts (tested to 1e-4 on logits)."""
 
-_HF_WEIGHT_FILES = (
+HF_WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
     "pytorch_model.bin",
@@ -29,10 +29,10 @@ _HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 # --------------------------------------------------------------------------------------
 # local Hugging Face models
 # --------------------------------------------------------------------------------------
-def _hf_config(model_dir: Path) -> dict | None:
+def hf_config(model_dir: Path) -> dict | None:
     """The parsed ``config.json`` if ``model_dir`` looks like a transformers model directory."""
-    d = _read_config_json(model_dir)
-    if isinstance(d, dict) and ("model_type" in d or "architectures" in d) and not _RUN_KEYS <= set(d):
+    d = read_config_json(model_dir)
+    if isinstance(d, dict) and ("model_type" in d or "architectures" in d) and not RUN_KEYS <= set(d):
         return d
     return None
 
@@ -44,8 +44,8 @@ def _check_hf_dir(model_dir: Path, d: Mapping) -> str:
             f"{model_dir}: unsupported Hugging Face architecture {arch!r} (model_type "
             f"{d.get('model_type')!r}); supported: {list(SUPPORTED_HF_ARCHITECTURES)}"
         )
-    if not any((model_dir / w).is_file() for w in _HF_WEIGHT_FILES):
-        raise CheckpointError(f"{model_dir}: no weights (expected one of {list(_HF_WEIGHT_FILES)})")
+    if not any((model_dir / w).is_file() for w in HF_WEIGHT_FILES):
+        raise CheckpointError(f"{model_dir}: no weights (expected one of {list(HF_WEIGHT_FILES)})")
     return arch
 
 
@@ -81,7 +81,7 @@ def load_hf_local(
     Requires the ``transformers`` package.
     """
     model_dir = Path(model_dir)
-    d = _hf_config(model_dir)
+    d = hf_config(model_dir)
     if d is None:
         raise CheckpointError(
             f"{model_dir}: not a local Hugging Face model directory (expected config.json with "
@@ -100,20 +100,71 @@ def load_hf_local(
             raise CheckpointError(f"{model_dir}: tokenizer files present but unreadable: {e}") from None
 
     def load_hf() -> nn.Module:
-        try:
-            hf = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=dtype)
+        try:  # mismatches are collected (not raised with a pointer to a log) and refused below, with names
+            hf, info = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=dtype,
+                                                            ignore_mismatched_sizes=True, output_loading_info=True)
         except Exception as e:
             raise CheckpointError(f"{model_dir}: transformers could not load the model: {e}") from None
+        mismatched = [f"{k}: weights {tuple(a)} vs config {tuple(b)}" for k, a, b in info.get("mismatched_keys", [])]
+        missing = sorted(info.get("missing_keys", []))
+        if mismatched or missing:
+            parts = ([f"{len(mismatched)} tensors do not fit config.json ({'; '.join(mismatched[:3])})"] if mismatched
+                     else []) + ([f"{len(missing)} tensors missing from the weights ({missing[:3]})"] if missing else [])
+            raise CheckpointError(f"{model_dir}: the weights do not fit its config.json: {', '.join(parts)}")
         return hf.eval()
 
     return compat.model_from_hf(load_hf, model_dir, d, arch, device=device, dtype=dtype, process=process,
                                 tokenizer=tokenizer)
 
 
-def _hf_series(dirs: list[Path], steps: list[int], device, metadata, source: str) -> CheckpointSeries:
+def hf_weight_files(model_dir: Path) -> list[Path]:
+    """The weight files of a ``save_pretrained`` folder: the shards an index names
+    (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``), else
+    ``model.safetensors`` or ``pytorch_model.bin``; :class:`CheckpointError` naming a
+    missing shard or an unreadable index."""
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        f = model_dir / index
+        if f.is_file():
+            d = read_json(f)
+            try:
+                shards = sorted(set(d["weight_map"].values()))
+            except (KeyError, TypeError, AttributeError):
+                raise CheckpointError(f"{f}: expected a shard index with a 'weight_map'") from None
+            return [check_file(model_dir / s) for s in shards]
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if (model_dir / single).exists() or (model_dir / single).is_symlink():
+            return [check_file(model_dir / single)]
+    raise CheckpointError(f"{model_dir}: no weights (expected one of {list(HF_WEIGHT_FILES)})")
+
+
+def check_hf_weights(model_dir: Path) -> None:
+    """Read the header of every weight file of ``model_dir`` (:func:`hf_weight_files`), so a
+    truncated, foreign or unreadable ``model.safetensors`` / ``pytorch_model.bin`` / shard fails
+    now, naming the file (:class:`CheckpointError`). Names and shapes are checked against the
+    config only when the revision is loaded (by ``transformers``)."""
+    for f in hf_weight_files(model_dir):
+        read_header(f)
+
+
+def check_series_weights(series: CheckpointSeries) -> None:
+    """:func:`check_hf_weights` for every snapshot of ``series`` that is a local Hugging Face
+    model folder (other sources are checked when attached), so a truncated revision fails
+    before any work, naming its file. ``circuitfade analyze`` runs it first; a library user
+    tracing a folder of revisions can too (or let
+    :func:`~circuitfade.store.revisions.check_integrity` report broken revisions and skip them)."""
+    for snap in series.snapshots:
+        p = Path(snap.source)
+        if p.is_dir() and hf_config(p) is not None:
+            check_hf_weights(p)
+
+
+def hf_series(dirs: list[Path], steps: list[int], device, metadata, source: str) -> CheckpointSeries:
+    """A series over local Hugging Face model folders (``dirs``, one per step): each folder's
+    config is checked now and its weight files must exist; a revision is converted (with
+    :func:`load_hf_local`) when its snapshot is loaded."""
     archs = set()
     for m in dirs:
-        archs.add(_check_hf_dir(m, _hf_config(m)))  # eager: config and weights present
+        archs.add(_check_hf_dir(m, hf_config(m)))  # eager: config present and read, weights present
 
     def loader(m: Path) -> Callable[[], nn.Module]:
         return lambda: load_hf_local(m, device=device or "cpu")

@@ -45,6 +45,8 @@ from torch import Tensor
 from circuitfade import compat
 from circuitfade.io import CheckpointError, load_tensors
 from circuitfade.store import WEIGHT_SUFFIXES, CheckpointSeries, Snapshot, attach
+from circuitfade.store.hf import HF_WEIGHT_FILES, hf_weight_files
+from circuitfade.store.sources import step_from_name
 
 __all__ = [
     "PYTHIA_STEPS",
@@ -364,18 +366,8 @@ def _weight_files_of(path: Path) -> list[Path] | None:
     """The weight files behind a snapshot source path (None if it is not a local path)."""
     if path.is_file() and path.suffix.lower() in WEIGHT_SUFFIXES:
         return [path]
-    if path.is_dir():
-        for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-            f = path / index
-            if f.is_file():
-                try:
-                    shards = sorted(set(json.loads(f.read_text())["weight_map"].values()))
-                except (ValueError, KeyError, TypeError) as e:
-                    raise CheckpointError(f"{f}: unreadable shard index: {e}") from None
-                return [path / s for s in shards]
-        for single in ("model.safetensors", "pytorch_model.bin"):
-            if (path / single).is_file():
-                return [path / single]
+    if path.is_dir() and any((path / w).exists() for w in HF_WEIGHT_FILES):
+        return hf_weight_files(path)
     return None
 
 
@@ -399,9 +391,6 @@ def weights_digest(source: str | Path | nn.Module | Mapping[str, Tensor]) -> str
     files = _weight_files_of(path)
     if files is None:
         raise CheckpointError(f"{path}: no weights found (expected a weights file or a Hugging Face model folder)")
-    missing = [f for f in files if not f.is_file()]
-    if missing:
-        raise CheckpointError(f"{missing[0]}: weight shard missing")
     if all(f.suffix.lower() == ".safetensors" for f in files):
         return _digest_safetensors(files)
     tensors: dict[str, Tensor] = {}
@@ -424,16 +413,21 @@ def _snapshot_digest(snap: Snapshot, load: bool) -> str:
 
 
 def _folder_entries(folder: Path) -> list[tuple[int, Path]]:
-    """(step, path) for the revision folders / weight files of a folder attach() refused."""
+    """(step, path) for the revision folders / weight files of a folder attach() refused
+    (steps as :func:`~circuitfade.store.sources.step_from_name` reads the names; entries whose
+    name gives no single step are left to the refusal already reported)."""
     entries = []
     for p in folder.iterdir():
         if p.name.startswith(".") or p.name == "config.json":
             continue
         if p.is_dir() or p.suffix.lower() in WEIGHT_SUFFIXES:
             stem = p.name if p.is_dir() else p.name[: -len(p.suffix)]
-            nums = re.findall(r"\d+", stem)
-            if nums:
-                entries.append((int(nums[-1]), p))
+            try:
+                step = step_from_name(stem)
+            except ValueError:
+                continue
+            if step is not None:
+                entries.append((step, p))
     return sorted(entries)
 
 
@@ -486,9 +480,9 @@ def check_integrity(
                                  "digest": None})
     iterator = snaps
     if progress:
-        from tqdm.auto import tqdm
+        from circuitfade.store.tracing import progress_bar
 
-        iterator = tqdm(snaps, desc="integrity", leave=False)
+        iterator = progress_bar(snaps, desc="integrity", leave=False)
     for snap in iterator:
         try:
             digest = _snapshot_digest(snap, load)

@@ -10,19 +10,19 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from circuitfade.io import CheckpointError, check_header, read_json
+from circuitfade.io import MAX_STEP, CheckpointError, check_file, check_header, read_json
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.train import CKPT_DIR, RunConfig
 
 from .series import CheckpointSeries, Snapshot
 
-_RUN_KEYS = frozenset({"path", "task", "model", "train", "seed"})
+RUN_KEYS = frozenset({"path", "task", "model", "train", "seed"})
 
 
 # --------------------------------------------------------------------------------------
 # circuitfade runs
 # --------------------------------------------------------------------------------------
-def _read_config_json(folder: Path):
+def read_config_json(folder: Path):
     """The parsed ``folder/config.json``, or ``None`` if it is missing or unreadable."""
     f = folder / "config.json"
     if not f.is_file():
@@ -35,8 +35,8 @@ def _read_config_json(folder: Path):
 
 def _read_run_config(run_dir: Path) -> RunConfig | None:
     f = run_dir / "config.json"
-    d = _read_config_json(run_dir)
-    if not isinstance(d, dict) or not _RUN_KEYS <= set(d):
+    d = read_config_json(run_dir)
+    if not isinstance(d, dict) or not RUN_KEYS <= set(d):
         return None
     try:
         return RunConfig.from_dict(d)
@@ -54,10 +54,28 @@ _RUN_WEIGHTS = re.compile(r"step_(\d+)\.safetensors")
 
 
 def _run_weight_files(ckpt_dir: Path) -> dict[int, Path]:
-    """``{step: file}`` of the weight files ``step_XXXXXX.safetensors`` in ``ckpt_dir`` (state files excluded)."""
+    """``{step: file}`` of the weight files ``step_XXXXXX.safetensors`` in ``ckpt_dir`` (state files excluded).
+
+    Refused, naming the files (:class:`CheckpointError`): two files for one step
+    (``step_40.safetensors`` beside ``step_000040.safetensors``), a step beyond ``int64``, and
+    an entry with a weight file's name that is not a readable file (a dangling symlink, a
+    symlink loop, a directory), so no checkpoint is silently left out or replaced.
+    """
     if not ckpt_dir.is_dir():
         return {}
-    found = {int(m.group(1)): f for f in ckpt_dir.iterdir() if (m := _RUN_WEIGHTS.fullmatch(f.name)) and f.is_file()}
+    found: dict[int, Path] = {}
+    for f in sorted(ckpt_dir.iterdir()):
+        m = _RUN_WEIGHTS.fullmatch(f.name)
+        if not m:
+            continue
+        check_file(f)
+        step = int(m.group(1))
+        if step > MAX_STEP:
+            raise CheckpointError(f"{f}: step {step} is beyond int64 (the largest step is {MAX_STEP})")
+        if step in found:
+            raise CheckpointError(f"{ckpt_dir}: two weight files for step {step}: {found[step].name} and {f.name}; "
+                                  "remove the one that does not belong")
+        found[step] = f
     return dict(sorted(found.items()))
 
 
@@ -72,9 +90,11 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
     (:func:`circuitfade.train.checkpoints.complete_checkpoints`).
 
     Each model is rebuilt from ``config.json`` (``RunConfig.model_config()``) and its
-    weights loaded with ``SoftPriorTransformer.load_weights`` (checked keys/shapes).
-    Every weight file's header (tensor names and shapes) is checked when the run is
-    opened, so a truncated or foreign checkpoint fails here, naming the file.
+    weights loaded with ``SoftPriorTransformer.load_weights`` (checked keys/shapes/dtypes).
+    Every weight file's header (tensor names, shapes and dtypes, and the step the trainer
+    records in it) is checked when the run is opened, so a truncated, foreign, re-typed
+    (``int64``/``bool``) or renamed checkpoint fails here, naming the file; so do two files
+    for one step and weight-file names that are not readable files.
     Metadata: ``run`` (directory name), ``run_dir`` (absolute path), ``path`` (gate
     path name), ``seed``, ``task`` (task name); ``series.task`` is the run's task and
     ``series.gate_path`` its gate path. Raises :class:`CheckpointError` if
@@ -86,7 +106,7 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
     cfg = _read_run_config(run_dir)
     if cfg is None:
         raise CheckpointError(
-            f"{run_dir}: not a circuitfade run directory (expected config.json with keys {sorted(_RUN_KEYS)} "
+            f"{run_dir}: not a circuitfade run directory (expected config.json with keys {sorted(RUN_KEYS)} "
             f"and a {CKPT_DIR}/ folder)"
         )
     files = _run_weight_files(run_dir / CKPT_DIR)
@@ -98,8 +118,11 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
     model_cfg = dataclasses.replace(cfg.model_config(), device=device or "cpu")
     with torch.device("meta"):  # shapes only, no memory
         expected = SoftPriorTransformer(dataclasses.replace(model_cfg, device="meta")).state_dict()
-    for f in files.values():  # every header now, so a truncated file fails here and not mid-trace
-        check_header(f, expected)
+    for step, f in files.items():  # every header now, so a truncated file fails here and not mid-trace
+        header = check_header(f, expected)  # names, shapes and dtypes
+        if header.step is not None and header.step != step:
+            raise CheckpointError(f"{f}: the name says step {step} but the file records step {header.step} "
+                                  "(a checkpoint copied under another step's name?)")
 
     def loader(file: Path) -> Callable[[], nn.Module]:
         def load() -> nn.Module:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from circuitfade.io import CheckpointError
+from circuitfade.io import MAX_STEP, CheckpointError
 from circuitfade.gating.paths import GatePath
 from circuitfade.tasks import Task
 
@@ -30,6 +30,8 @@ class Snapshot:
     def __post_init__(self):
         if isinstance(self.step, bool) or not isinstance(self.step, numbers.Integral):
             raise ValueError(f"Snapshot.step must be an integer, got {self.step!r} ({self.source})")
+        if not -MAX_STEP - 1 <= self.step <= MAX_STEP:
+            raise ValueError(f"Snapshot.step {self.step} is beyond int64 ({self.source})")
         object.__setattr__(self, "step", int(self.step))
         if not callable(self.load):
             raise ValueError(f"Snapshot.load must be a zero-argument callable, got {self.load!r}")

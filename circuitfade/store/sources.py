@@ -15,10 +15,10 @@ import torch
 import torch.nn as nn
 
 from circuitfade import compat
-from circuitfade.io import CheckpointError, check_state_dict, load_tensors, peek_shapes, read_json
+from circuitfade.io import MAX_STEP, CheckpointError, check_file, check_state_dict, load_tensors, read_header, read_json
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 
-from .hf import _HF_WEIGHT_FILES, _hf_config, _hf_series
+from .hf import HF_WEIGHT_FILES, hf_config, hf_series
 from .runs import is_run_dir, open_run
 from .series import CheckpointSeries, Snapshot
 
@@ -27,24 +27,97 @@ WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".pt", ".pth", ".bin")
 
 
 # --------------------------------------------------------------------------------------
-# user state-dict checkpoints
+# step numbers from names
 # --------------------------------------------------------------------------------------
-_INT = re.compile(r"(?<![A-Za-z0-9.])-\d+|\d+")  # "-5" is negative only after a separator: "step_-5", not "ckpt-5"
+_STEP_WORDS = (  # tiers: a number after a word of an earlier tier wins over a later tier's
+    r"global_?step|steps?|iter(?:ation)?s?",
+    r"checkpoint|ckpt|model",
+)
+_NUM_END = r"(?!\d)(?!\.\d)"  # a whole integer, not the integer part of a decimal ("acc0.98")
+_STEP_TIERS = [re.compile(rf"(?<![A-Za-z])(?:{w})[-_= ]?(-?\d+){_NUM_END}", re.IGNORECASE) for w in _STEP_WORDS]
+_BARE_INT = re.compile(rf"(?<![A-Za-z0-9.])-\d+{_NUM_END}|(?<![\d.])\d+{_NUM_END}")  # "-5" negative only after a separator
+
+NAMING_SCHEMES: tuple[tuple[str, int], ...] = (
+    ("step_100.pt", 100),
+    ("step100_acc0.98.pt", 100),
+    ("epoch3_step100.pt", 100),
+    ("ckpt-100.safetensors", 100),
+    ("ckpt_step1200.pt", 1200),
+    ("model_100.pt", 100),
+    ("model-000300.safetensors", 300),
+    ("iter_100.pth", 100),
+    ("global_step100.bin", 100),
+    ("checkpoint-100", 100),
+    ("revision-2000", 2000),
+    ("100.pt", 100),
+)
+"""File / folder names and the step :func:`step_from_name` reads from each (tested one by one)."""
+
+STEP_HINT = ("pass steps=[...] (one step per checkpoint, in natural order of the names), "
+             "step_pattern=r'...(\\d+)...' (a regex whose group is the step) or pattern='...' (a glob that "
+             "leaves out files that are not checkpoints)")
+"""How to label checkpoints whose names do not say their step (in error messages)."""
 
 
-def _step_from_name(name: str) -> int | None:
-    nums = _INT.findall(name)
-    return int(nums[-1]) if nums else None
+def _in_range(n: int, name: str) -> int:
+    if n < 0:
+        raise ValueError(f"negative step {n} in the name {name!r}; steps are >= 0")
+    if n > MAX_STEP:
+        raise ValueError(f"step {n} in the name {name!r} is beyond int64 (the largest step is {MAX_STEP})")
+    return n
+
+
+def step_from_name(name: str, step_pattern: str | re.Pattern | None = None) -> int | None:
+    """The training step a checkpoint's file stem or folder name states, ``None`` if it has no number.
+
+    With ``step_pattern`` (a regex): its group named ``step``, else its only group, in the first
+    match (``ValueError`` if it does not match). Otherwise, in order:
+
+    1. the number right after ``step``/``steps``/``global_step``/``iter``/``iteration``
+       (``step_100``, ``step100_acc0.98``, ``epoch3_step100``, ``ckpt_step1200``);
+    2. else the number right after ``checkpoint``/``ckpt``/``model`` (``ckpt-100``,
+       Hugging Face ``checkpoint-100``, TransformerLens ``model_100``);
+    3. else the only integer in the name (``revision-2000``, ``100``).
+
+    A word must start the name or follow a non-letter; decimals (``acc0.98``) never count.
+    ``ValueError`` when the rule that applies finds two different numbers (``run3_seed1``,
+    ``step10_step20``), a negative number (``step_-5``), or a number beyond ``int64``. See
+    :data:`NAMING_SCHEMES` for tested examples.
+    """
+    if step_pattern is not None:
+        rx = re.compile(step_pattern) if isinstance(step_pattern, str) else step_pattern
+        if "step" not in rx.groupindex and rx.groups != 1:
+            raise ValueError(f"step_pattern r'{rx.pattern}': needs one group (or a group named 'step') holding the step")
+        m = rx.search(name)
+        if m is None:
+            raise ValueError(f"step_pattern r'{rx.pattern}' does not match the name {name!r}")
+        text = m.group("step") if "step" in rx.groupindex else m.group(1)
+        if text is None or not re.fullmatch(r"-?\d+", text):
+            raise ValueError(f"step_pattern r'{rx.pattern}': its group matched {text!r} in {name!r}, not an integer")
+        return _in_range(int(text), name)
+    for tier in _STEP_TIERS:
+        found = sorted({int(m.group(1)) for m in tier.finditer(name)})
+        if len(found) > 1:
+            raise ValueError(f"the name {name!r} states several steps {found}")
+        if found:
+            return _in_range(found[0], name)
+    nums = sorted({int(t) for t in _BARE_INT.findall(name)})
+    if len(nums) > 1:
+        raise ValueError(f"the name {name!r} holds several numbers {nums} and none follows 'step', 'iter', "
+                         "'checkpoint', 'ckpt' or 'model'; which one is the step is ambiguous")
+    return _in_range(nums[0], name) if nums else None
 
 
 def _check_steps(steps, what: str) -> list[int]:
-    """Integer, non-negative step labels (``ValueError`` naming the bad one)."""
+    """Integer step labels in ``[0, int64 max]`` (``ValueError`` naming the bad one)."""
     out = []
     for s in steps:
         if isinstance(s, bool) or not isinstance(s, numbers.Integral):
             raise ValueError(f"{what}: steps must be integers, got {s!r}")
         if s < 0:
             raise ValueError(f"{what}: negative step {s}; training steps are >= 0")
+        if s > MAX_STEP:
+            raise ValueError(f"{what}: step {s} is beyond int64 (the largest step is {MAX_STEP})")
         out.append(int(s))
     return out
 
@@ -57,8 +130,16 @@ def _stem(p: Path) -> str:
     return p.name[: -len(p.suffix)] if p.suffix else p.name
 
 
-def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str) -> list[int]:
-    """Steps for ``items`` (already in natural order): ``steps`` or the last integer in each name."""
+def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str, *,
+                 step_pattern: str | None = None, recorded: Sequence[int | None] | None = None) -> list[int]:
+    """Steps for ``items`` (already in natural order).
+
+    ``steps`` if given (it overrides names and files); else per item the step the file
+    records (``recorded``: a full checkpoint's ``step`` entry or safetensors metadata),
+    which must agree with a step its name states after a step word; else the step of the
+    name (:func:`step_from_name`). A lone item without a number is step 0. Refusals
+    (:class:`CheckpointError`) name the file and say how to label it (:data:`STEP_HINT`).
+    """
     if steps is not None:
         steps = list(steps)
         if len(steps) != len(items):
@@ -67,31 +148,88 @@ def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str) -> l
                 f"{[p.name for p in items][:10]}"
             )
         return _check_steps(steps, "steps=")
+    recorded = list(recorded) if recorded is not None else [None] * len(items)
     out = []
-    for p in items:
-        s = _step_from_name(_stem(p) if p.is_file() else p.name)
+    for p, rec in zip(items, recorded):
+        name = p.name if p.is_dir() else _stem(p)
+        try:
+            s = step_from_name(name, step_pattern)
+        except ValueError as e:
+            if rec is None:
+                raise CheckpointError(f"{p}: {e}; {STEP_HINT}") from None
+            s = None
+        if rec is not None:
+            stated = s is not None and (step_pattern is not None or any(t.search(name) for t in _STEP_TIERS))
+            if stated and s != rec:
+                raise CheckpointError(f"{p}: the name says step {s} but the file records step {rec}; one of them "
+                                      f"is wrong (pass steps=[...] to label the files yourself)")
+            s = rec
         if s is None:
             if len(items) == 1:
                 s = 0  # a lone checkpoint without a number is step 0
             else:
-                raise CheckpointError(f"{p}: no step number in the name; pass steps=[...] explicitly")
-        if s < 0:
-            raise CheckpointError(f"{p}: negative step {s} in the name; steps are >= 0 (pass steps=[...])")
+                raise CheckpointError(f"{p}: no step number in the name; {STEP_HINT}")
         out.append(s)
     dup = sorted({s for s in out if out.count(s) > 1})
     if dup:
         names = [p.name for p, s in zip(items, out) if s in dup]
-        raise CheckpointError(f"{what} share step numbers {dup} ({names}); pass steps=[...] explicitly")
+        raise CheckpointError(f"{what} share step numbers {dup} ({names}); {STEP_HINT}")
     return out
 
 
 def _as_torch_dtype(v, source: str):
+    """A config's ``dtype`` (a ``torch.dtype`` or its name, ``"float32"``/``"torch.float32"``: what
+    ``json.dump(cfg.to_dict(), f, default=str)`` writes) as a floating ``torch.dtype``."""
     if isinstance(v, str):
-        dt = getattr(torch, v.removeprefix("torch."), None)
+        dt = getattr(torch, v.strip().removeprefix("torch."), None)
         if not isinstance(dt, torch.dtype):
             raise CheckpointError(f"{source}: field 'dtype': unknown torch dtype {v!r} (e.g. 'float32')")
-        return dt
+        v = dt
+    if isinstance(v, torch.dtype) and not v.is_floating_point:
+        raise CheckpointError(f"{source}: field 'dtype': a model's weights are floating point (float32, float16, "
+                              f"bfloat16, float64), got {v}")
     return v
+
+
+TL39_ONLY_DEFAULTS: dict[str, Any] = {
+    "clip_qkv": None, "use_logn_attn": False, "train_seq_length": None, "use_dynamic_ntk_rope": False,
+    "ungroup_grouped_query_attention": False, "rotary_base_local": None, "rotary_scaling_factor": 1.0,
+    "quantization_method": None, "NTK_original_ctx_len": 8192, "use_yarn_rope": False, "yarn_factor": 1.0,
+    "yarn_attention_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
+    "yarn_original_max_position_embeddings": 4096, "yarn_truncate": True, "yarn_global_attn_only": False,
+    "use_attention_sinks": False, "norm_topk_prob": False,
+}
+"""The 19 fields of TransformerLens 3.9's ``HookedTransformerConfig`` that 4.x's
+``TransformerBridgeConfig`` does not have, with their 3.9 defaults. A saved 3.9 config
+(``cfg.to_dict()``) attaches on 4.x: these fields are dropped when at their default (they
+change nothing then); a non-default one is refused, naming it."""
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    return a == b
+
+
+def _drop_foreign_defaults(d: dict, source: str, known: frozenset[str]) -> dict:
+    """``d`` without the fields the installed config class lacks that sit at their TransformerLens 3.9
+    default (:data:`TL39_ONLY_DEFAULTS`); :class:`CheckpointError` naming any other unknown field."""
+    unknown = sorted(set(d) - known)
+    if not unknown:
+        return d
+    cls = compat.config_class_name()
+    changed = [k for k in unknown if k in TL39_ONLY_DEFAULTS and not _same_value(d[k], TL39_ONLY_DEFAULTS[k])]
+    if changed:
+        vals = ", ".join(f"{k}={d[k]!r} (3.9 default {TL39_ONLY_DEFAULTS[k]!r})" for k in changed)
+        raise CheckpointError(
+            f"{source}: {vals}: TransformerLens 3.9 field(s) that {cls} (transformer-lens {compat.tl_version()}) "
+            "does not have, set away from their default, so this model cannot be rebuilt on this line; load it "
+            "with transformer-lens 3.9"
+        )
+    foreign = [k for k in unknown if k not in TL39_ONLY_DEFAULTS]
+    if foreign:
+        raise CheckpointError(f"{source}: unknown {cls} fields {foreign}")
+    return {k: v for k, v in d.items() if k in known}
 
 
 _INT_FIELDS = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "d_mlp", "d_vocab_out")
@@ -125,9 +263,7 @@ def _build_config(config, source: str):
         d = dict(config)
         if "priors" in d and "gate_modes" in d:
             return SoftPriorConfig.from_json_dict(d, source=source)
-        unknown = sorted(set(d) - compat.config_fields())
-        if unknown:
-            raise CheckpointError(f"{source}: unknown {compat.config_class_name()} fields {unknown}")
+        d = _drop_foreign_defaults(d, source, compat.config_fields())
         _check_fields(d, source)
         if "dtype" in d:
             d["dtype"] = _as_torch_dtype(d["dtype"], source)
@@ -161,18 +297,35 @@ def _native(sd: Mapping, model: nn.Module, source: str) -> dict:
         raise CheckpointError(f"{source}: {e}") from None
 
 
-def _file_series(files: list[Path], steps: list[int], config, device, metadata, source: str) -> CheckpointSeries:
-    cfg = _build_config(config, "config")
+def _headers(files: list[Path], key: str | None, in_folder: bool) -> list:
+    """:func:`~circuitfade.io.read_header` of every file; in a folder a refusal suggests ``pattern=``."""
+    out = []
+    for f in files:
+        try:
+            out.append(read_header(f, key=key))
+        except CheckpointError as e:
+            if not in_folder:
+                raise
+            raise CheckpointError(f"{e} (if {f.name} is not a checkpoint, leave it out with pattern='...', "
+                                  "a glob matching only the checkpoints)") from None
+    return out
+
+
+def _file_series(files: list[Path], headers: list, steps: list[int], cfg, device, metadata, source: str,
+                 key: str | None = None) -> CheckpointSeries:
     skeleton = _new_model(cfg, shapes_only=True)
     expected = skeleton.state_dict()
-    for f in files:  # eager, header-only validation (meta tensors: names and shapes only)
-        peeked = {k: torch.empty(s, device="meta") for k, s in peek_shapes(f).items()}
+    for f, h in zip(files, headers):  # eager, header-only validation (meta tensors: names, shapes, dtypes)
+        bad = sorted(k for k, (_, d) in h.tensors.items() if not isinstance(d, torch.dtype))
+        if bad:
+            raise CheckpointError(f"{f}: tensors of a dtype torch cannot hold: {bad[:4]}")
+        peeked = {k: torch.empty(s, dtype=d, device="meta") for k, (s, d) in h.tensors.items()}
         check_state_dict(_native(peeked, skeleton, str(f)), expected, str(f))
 
     def loader(file: Path) -> Callable[[], nn.Module]:
         def load() -> nn.Module:
             model = _new_model(cfg, device or "cpu")
-            sd = _native(load_tensors(file), model, str(file))
+            sd = _native(load_tensors(file, key=key), model, str(file))
             check_state_dict(sd, model.state_dict(), str(file))
             model.load_state_dict(sd, strict=True)
             return model.to(device or "cpu", print_details=False)
@@ -183,8 +336,14 @@ def _file_series(files: list[Path], steps: list[int], config, device, metadata, 
 
 
 def _weight_files(folder: Path, pattern: str | None) -> list[Path]:
-    files = [p for p in folder.glob(pattern or "*") if p.is_file() and not p.name.startswith(".")
+    """The checkpoint files of ``folder`` (names with a :data:`WEIGHT_SUFFIXES` suffix matching
+    ``pattern``, hidden files left out), in natural order. An entry with such a name that is not
+    a readable regular file (a dangling symlink, a symlink loop, a directory, an unreadable
+    file) is refused, naming it, rather than silently left out."""
+    files = [p for p in folder.glob(pattern or "*") if not p.name.startswith(".")
              and p.suffix.lower() in WEIGHT_SUFFIXES]
+    for p in files:
+        check_file(p)
     return sorted(files, key=lambda p: _natural_key(p.name))
 
 
@@ -261,55 +420,80 @@ def from_models(models, *, steps: Sequence[int] | None = None, metadata: Mapping
 
 
 def from_state_dicts(files, *, config=None, steps: Sequence[int] | None = None, pattern: str | None = None,
-                     metadata: Mapping | None = None, device: str | None = None) -> CheckpointSeries:
+                     step_pattern: str | None = None, key: str | None = None, metadata: Mapping | None = None,
+                     device: str | None = None) -> CheckpointSeries:
     """State-dict files of a ``HookedTransformer`` / ``SoftPriorTransformer``: a folder of them
     (``pattern`` filters), one file, a list of files, or a dict ``{step: file}``.
 
+    A file holds a bare state dict, or a full training checkpoint (``{"model": sd,
+    "optimizer": ..., "step": s}``) whose state dict is the entry ``key`` or the one of
+    :data:`~circuitfade.io.MODEL_STATE_KEYS` present. Steps: ``steps=`` if given, else the
+    step the file records (a full checkpoint's ``step`` entry; it must agree with a step
+    the name states), else the name's (:func:`step_from_name`, or ``step_pattern``).
+
     ``config`` (default: ``config.json`` next to the files) is a
     ``HookedTransformerConfig``, a dict of its fields or a JSON file of them. Every
-    file's header is checked against it now.
+    file's header (names, shapes, dtypes) is checked against it now.
     """
     own_steps = isinstance(files, Mapping)
+    in_folder = False
+    cfg = None if config is None else _build_config(config, "config")  # a bad config is named before any file
     if own_steps:
         items = _step_items(files)
         if not items or not all(_is_pathlike(v) for _, v in items):
             raise ValueError(f"a dict source maps steps to models or to files; accepted sources: {_ACCEPTED}")
         paths, labels = [Path(v) for _, v in items], [k for k, _ in items]
         _check_files_exist(paths)
+        headers = _headers(paths, key, False)
         folder = paths[0].parent
-    elif _is_pathlike(files) and Path(files).is_dir():
-        folder = Path(files)
-        paths = _weight_files(folder, pattern)
-        if not paths:
-            raise CheckpointError(f"{folder}: no state-dict files{f' matching {pattern!r}' if pattern else ''} "
-                                  f"(expected {', '.join(WEIGHT_SUFFIXES)})")
-        labels = _label_steps(paths, steps, "files")
     else:
-        paths = [Path(files)] if _is_pathlike(files) else [Path(p) for p in files]
-        if not paths:
-            raise ValueError("empty list of checkpoints")
-        _check_files_exist(paths)
-        labels = _label_steps(paths, steps, "files")
-        folder = paths[0].parent
-    cfg = config if config is not None else _sibling_config(folder)
-    source = str(paths[0]) if _is_pathlike(files) and not Path(files).is_dir() else str(folder)
-    series = _file_series(paths, labels, cfg, device, _folder_meta(folder, metadata), source)
+        if _is_pathlike(files) and Path(files).is_dir():
+            folder, in_folder = Path(files), True
+            paths = _weight_files(folder, pattern)
+            if not paths:
+                raise CheckpointError(f"{folder}: no state-dict files{f' matching {pattern!r}' if pattern else ''} "
+                                      f"(expected {', '.join(WEIGHT_SUFFIXES)})")
+        else:
+            paths = [Path(files)] if _is_pathlike(files) else [Path(p) for p in files]
+            if not paths:
+                raise ValueError("empty list of checkpoints")
+            _check_files_exist(paths)
+            folder = paths[0].parent
+        headers = _headers(paths, key, in_folder)
+        labels = _label_steps(paths, steps, "files", step_pattern=step_pattern, recorded=[h.step for h in headers])
+    if cfg is None:
+        cfg = _build_config(_sibling_config(folder), "config")
+    source = str(folder) if in_folder else str(paths[0]) if _is_pathlike(files) else str(folder)
+    series = _file_series(paths, headers, labels, cfg, device, _folder_meta(folder, metadata), source, key)
     return _select(series, steps) if own_steps else series
 
 
 def from_hf(folder: str | Path, *, steps: Sequence[int] | None = None, pattern: str | None = None,
-            metadata: Mapping | None = None, device: str | None = None) -> CheckpointSeries:
-    """A local Hugging Face model directory, or a folder of them (one per revision; ``pattern`` filters)."""
+            step_pattern: str | None = None, metadata: Mapping | None = None,
+            device: str | None = None) -> CheckpointSeries:
+    """A local Hugging Face model directory, or a folder of them (one per revision; ``pattern`` filters;
+    steps from the folder names as :func:`step_from_name` reads them, or ``steps=``/``step_pattern``).
+
+    Every revision's ``config.json`` is read now (an empty or garbled one is refused, naming
+    it) and its weight files must exist; the weight files themselves are read only when a
+    revision is loaded, so a truncated ``model.safetensors`` in one revision fails when that
+    revision is reached, naming the file. This keeps a folder of public revisions with a
+    broken one attachable, for :func:`~circuitfade.store.revisions.sound_revisions` to report
+    and skip; :func:`~circuitfade.store.hf.check_series_weights` reads every revision's
+    weight headers up front (``circuitfade analyze`` does)."""
     path = Path(folder)
-    if _hf_config(path) is not None and any((path / w).is_file() for w in _HF_WEIGHT_FILES):
+    if hf_config(path) is not None and any((path / w).is_file() for w in HF_WEIGHT_FILES):
         dirs = [path]
     else:
-        dirs = sorted((p for p in path.glob(pattern or "*") if p.is_dir() and not p.name.startswith(".")
-                       and _hf_config(p) is not None), key=lambda p: _natural_key(p.name))
+        subdirs = [p for p in path.glob(pattern or "*") if p.is_dir() and not p.name.startswith(".")]
+        for p in subdirs:
+            if (p / "config.json").exists():
+                read_json(p / "config.json")  # a revision with an empty or garbled config.json is named, not skipped
+        dirs = sorted((p for p in subdirs if hf_config(p) is not None), key=lambda p: _natural_key(p.name))
         if not dirs:
             raise CheckpointError(f"{path}: no Hugging Face model directories{f' matching {pattern!r}' if pattern else ''}")
-    labels = _label_steps(dirs, steps, "model directories")
-    return _hf_series(dirs, labels, device, _folder_meta(path, metadata), str(path))
+    labels = _label_steps(dirs, steps, "model directories", step_pattern=step_pattern)
+    return hf_series(dirs, labels, device, _folder_meta(path, metadata), str(path))
 
 
 def _kind(source, pattern: str | None) -> str:
@@ -335,16 +519,20 @@ def _kind(source, pattern: str | None) -> str:
         raise ValueError(f"cannot attach a {type(source).__name__}; accepted sources: {_ACCEPTED}")
     path = Path(source)
     if not path.exists():
+        if path.is_symlink():
+            check_file(path)  # says dangling symlink or symlink loop
         raise CheckpointError(f"{path}: no such file or directory (sources are local paths, never hub ids)")
     if path.is_file():
         if path.suffix.lower() not in WEIGHT_SUFFIXES:
             raise CheckpointError(f"{path}: not a checkpoint file (expected {', '.join(WEIGHT_SUFFIXES)})")
         return "files"
+    if (path / "config.json").exists():
+        read_json(path / "config.json")  # an empty or garbled config.json is named, not "no checkpoints found"
     if is_run_dir(path):
         return "run"
-    if _hf_config(path) is not None and any((path / w).is_file() for w in _HF_WEIGHT_FILES):
+    if hf_config(path) is not None and any((path / w).is_file() for w in HF_WEIGHT_FILES):
         return "hf"
-    if any(p.is_dir() and not p.name.startswith(".") and _hf_config(p) is not None for p in path.glob(pattern or "*")):
+    if any(p.is_dir() and not p.name.startswith(".") and hf_config(p) is not None for p in path.glob(pattern or "*")):
         return "hf"
     if _weight_files(path, pattern):
         return "files"
@@ -363,6 +551,8 @@ def attach(
     config=None,
     steps: Sequence[int] | None = None,
     pattern: str | None = None,
+    step_pattern: str | None = None,
+    key: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     device: str | None = None,
 ) -> CheckpointSeries:
@@ -383,6 +573,12 @@ def attach(
             list order); for sources that carry their own steps (run directories,
             dicts) a subset to select.
         pattern: glob pattern restricting the files / subfolders of a folder source.
+        step_pattern: for files and Hugging Face folders: a regex whose group (or group
+            named ``step``) is the step in each file stem / folder name, for names that
+            :func:`step_from_name` does not read (see :data:`NAMING_SCHEMES`).
+        key: for ``.pt``/``.pth``/``.bin`` full training checkpoints: the entry holding
+            the model's state dict (default: whichever of ``model``, ``state_dict``,
+            ``model_state_dict`` the file has).
         metadata: extra metadata merged over the defaults (``run``, ``run_dir``, ...).
         device: where loaded models go (default ``"cpu"``); in-memory models are moved
             (in place, ``nn.Module.to``) only if ``device`` is given.
@@ -396,18 +592,22 @@ def attach(
     kind = _kind(source, pattern)
     kw = dict(steps=steps, metadata=metadata, device=device)
     if kind == "files":
-        return from_state_dicts(source, config=config, pattern=pattern, **kw)
-    if config is not None:
-        raise ValueError(f"config= applies to state-dict files only, not to {_KIND_NAMES[kind]}")
+        return from_state_dicts(source, config=config, pattern=pattern, step_pattern=step_pattern, key=key, **kw)
+    for name, value in (("config", config), ("key", key)):
+        if value is not None:
+            raise ValueError(f"{name}= applies to state-dict files only, not to {_KIND_NAMES[kind]}")
     if kind == "hf":
-        kw["pattern"] = pattern
+        return from_hf(source, pattern=pattern, step_pattern=step_pattern, **kw)
+    for name, value in (("step_pattern", step_pattern), ("pattern", pattern)):
+        if value is not None:
+            raise ValueError(f"{name}= applies to folders of files and Hugging Face folders, not to "
+                             f"{_KIND_NAMES[kind]} (which carry their own steps: select some with steps=)")
     return _CONSTRUCTORS[kind](source, **kw)
 
 
 def _check_files_exist(files: list[Path]) -> None:
     for f in files:
-        if not f.is_file():
-            raise CheckpointError(f"{f}: checkpoint file not found")
+        check_file(f)
         if f.suffix.lower() not in WEIGHT_SUFFIXES:
             raise CheckpointError(f"{f}: not a checkpoint file (expected {', '.join(WEIGHT_SUFFIXES)})")
 

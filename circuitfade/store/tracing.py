@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,7 +15,6 @@ import torch
 import torch.nn as nn
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm import tqdm
 
 from circuitfade.gating.evaluation import NoGatesError
 from circuitfade.model.devices import resolve_device, to_device
@@ -252,9 +253,12 @@ def trace(
     ``metrics.csv`` on). ``task`` defaults to ``series.task`` and may be a
     :class:`Task`, a task name (``"assoc"``), a dict ``{"name": ..., **config}`` or a
     user's own :class:`Batch` (then exactly that batch is the data; see
-    :meth:`Batch.from_answers`). A :class:`Batch` is moved to each model's device. If a
-    metric needs data and there is neither task nor batch, ``ValueError``: "this series
-    has no task; pass task=". ``device``
+    :meth:`Batch.from_answers`). A :class:`Batch` given as ``batch=`` without a task is
+    its own task too (:class:`~circuitfade.tasks.BatchTask`: accuracy and loss on its
+    targets), so ``trace(series, [head_diagnostics], batch=my_batch)`` works. A
+    :class:`Batch` is moved to each model's device. If a metric needs data and there is
+    neither task nor batch, ``ValueError``: "this series has no task; pass task=".
+    Progress: :func:`progress_bar`. ``device``
     (``"cpu"``, ``"cuda"``, ``"mps"``, ``"auto"``) moves each snapshot's model there
     first (default: where the series put it).
 
@@ -288,6 +292,8 @@ def trace(
         raise ValueError(f"trace expects a CheckpointSeries (see attach()), got {type(series).__name__}")
     items = _metric_items(metrics)
     task = as_task(task if task is not None else series.task)
+    if task is None and isinstance(batch, Batch):
+        task = as_task(batch)  # a Batch carries its targets: scored as its own task (BatchTask)
     if batch is None and task is not None:
         batch = eval_set(task, n=n, seed=seed)
     if batch is None and any(m.needs_data for m in items):
@@ -297,8 +303,8 @@ def trace(
             f"or your own Batch) or batch= to trace {need}"
         )
     frames: list[pd.DataFrame] = []
-    bar = tqdm(series, total=len(series), disable=not progress, desc=str(series.metadata.get("run", "trace")),
-               leave=False)
+    bar = progress_bar(series, total=len(series), disable=not progress,
+                       desc=str(series.metadata.get("run", "trace")), leave=False)
     if device is not None:
         resolve_device(device)  # fails before any work if the device is not here
     for step, model in bar:
@@ -336,3 +342,167 @@ def trace(
         if k not in out.columns:
             out[k] = [v] * len(out)
     return out
+
+
+# --------------------------------------------------------------------------------------
+# progress bars
+# --------------------------------------------------------------------------------------
+def progress_bar(iterable=None, **kwargs):
+    """A ``tqdm`` progress bar: the notebook widget inside Jupyter when ``ipywidgets`` is
+    installed (``pip install ipywidgets``), else the text bar. Unlike ``tqdm.auto`` it never
+    warns "IProgress not found" in a notebook without ``ipywidgets``."""
+    import sys
+
+    bar = None
+    if "ipykernel.zmqshell" in sys.modules:
+        try:
+            import ipywidgets  # noqa: F401
+            from tqdm.notebook import tqdm as bar
+        except ImportError:
+            bar = None
+    if bar is None:
+        from tqdm.std import tqdm as bar
+    return bar(iterable, **kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# traces on disk
+# --------------------------------------------------------------------------------------
+TRACE_FORMAT = "circuitfade-trace"
+"""The ``format`` field of the JSON file :func:`save_trace` writes beside a CSV trace."""
+
+_ARRAY = "array:"
+
+
+def _schema_path(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def _is_na(v) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+
+
+def _column_kind(name: str, col: pd.Series) -> str:
+    """How a column is written: ``array:<dtype>`` for a column of numpy arrays (``boot``);
+    ``text:<dtype>`` for text with missing values (written as is, missing as an empty
+    cell); ``json:<dtype>`` for other object columns (and text holding empty strings),
+    one JSON value per cell; else its pandas dtype name."""
+    if col.dtype != object and not pd.api.types.is_string_dtype(col.dtype):
+        return str(col.dtype)
+    vals = [v for v in col if not _is_na(v)]
+    if vals and all(isinstance(v, np.ndarray) for v in vals):
+        dts = {v.dtype.str for v in vals}
+        if len(dts) != 1 or any(v.ndim != 1 for v in vals):
+            raise ValueError(f"save_trace: column {name!r} holds arrays of several dtypes or shapes")
+        return _ARRAY + vals[0].dtype.name
+    if all(isinstance(v, str) and v != "" for v in vals):
+        return f"text:{col.dtype}"
+    return f"json:{col.dtype}"
+
+
+def _jsonable(name: str, v):
+    if isinstance(v, np.generic):
+        return v.item()
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return v
+    if v is pd.NA:
+        return None
+    raise ValueError(f"save_trace: column {name!r} holds a {type(v).__name__} ({v!r}); expected str, numbers or None")
+
+
+def save_trace(traced: pd.DataFrame, path: str | Path) -> Path:
+    """Write a trace so that :func:`load_trace` gives back every column with its values and dtypes.
+
+    * ``.parquet``: one Parquet file (needs ``pyarrow``);
+    * anything else (``.csv``): a CSV file plus ``<name>.json`` beside it recording each
+      column's dtype. Floats are written in shortest round-trip form (bit-exact), the
+      resampled-value arrays of ``boot`` as JSON lists (exact for float32), text and
+      ``None`` cells (``note``) as JSON strings, so nothing turns into text or NaN.
+
+    Both files are written atomically. Returns ``path``. A plain ``df.to_csv`` /
+    ``pd.read_csv`` round trip turns ``boot`` into strings, and the consolidation
+    timeline then refuses it.
+    """
+    from circuitfade.io import atomic_write, write_json
+
+    if not isinstance(traced, pd.DataFrame):
+        raise ValueError(f"save_trace: expected a trace DataFrame, got {type(traced).__name__}")
+    path = Path(path)
+    if path.suffix.lower() == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ValueError(f"{path}: writing Parquet needs pyarrow (pip install pyarrow), or save as .csv") from None
+        import io as _io
+
+        buf = _io.BytesIO()
+        traced.to_parquet(buf, index=False)
+        return atomic_write(path, buf.getvalue())
+    kinds = {c: _column_kind(str(c), traced[c]) for c in traced.columns}
+    out = pd.DataFrame(index=traced.index)
+    for c, kind in kinds.items():
+        col = traced[c]
+        if kind.startswith(_ARRAY):
+            out[c] = [None if not isinstance(v, np.ndarray) else json.dumps([float(x) for x in v]) for v in col]
+        elif kind.startswith("json:"):
+            out[c] = [json.dumps(None if _is_na(v) else _jsonable(str(c), v)) for v in col]
+        elif kind.startswith("text:"):
+            out[c] = ["" if _is_na(v) else v for v in col]
+        elif kind.startswith(("float", "Float")):
+            out[c] = [("" if pd.isna(v) else repr(float(v))) for v in col]
+        else:
+            out[c] = col.astype(object).where(col.notna(), "")
+    atomic_write(path, out.to_csv(index=False).encode())
+    write_json(_schema_path(path), {"format": TRACE_FORMAT, "version": 1, "rows": len(traced),
+                                    "columns": [[str(c), k] for c, k in kinds.items()]})
+    return path
+
+
+def load_trace(path: str | Path) -> pd.DataFrame:
+    """A trace written by :func:`save_trace`, column for column (dtypes, ``None`` notes and
+    ``boot`` arrays included). ``ValueError`` naming the file when it, or the JSON file beside a
+    CSV, is missing, not a saved trace, or does not match."""
+    from circuitfade.io import check_file, read_json
+
+    path = check_file(path)
+    if path.suffix.lower() == ".parquet":
+        try:
+            return pd.read_parquet(path)
+        except ImportError:
+            raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    schema_file = _schema_path(path)
+    if not schema_file.is_file():
+        raise ValueError(f"{path}: no {schema_file.name} beside it; a trace saved with save_trace has one "
+                         "(a CSV written by DataFrame.to_csv cannot be read back exactly)")
+    schema = read_json(schema_file)
+    if not isinstance(schema, dict) or schema.get("format") != TRACE_FORMAT:
+        raise ValueError(f"{schema_file}: not a circuitfade trace schema (format {TRACE_FORMAT!r})")
+    cols = [(str(c), str(k)) for c, k in schema["columns"]]
+    try:
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable CSV trace ({e})") from None
+    if list(raw.columns) != [c for c, _ in cols] or len(raw) != schema.get("rows"):
+        raise ValueError(f"{path}: columns or row count differ from {schema_file.name} (columns "
+                         f"{list(raw.columns)[:8]}, {len(raw)} rows; expected {[c for c, _ in cols][:8]}, "
+                         f"{schema.get('rows')} rows)")
+    out = {}
+    try:
+        for c, kind in cols:
+            text = raw[c]
+            if kind.startswith(_ARRAY):
+                dt = np.dtype(kind[len(_ARRAY):])
+                out[c] = pd.Series([None if t == "" else np.asarray(json.loads(t), dtype=dt) for t in text],
+                                   dtype=object)
+            elif kind.startswith(("json:", "text:")):
+                vals = [json.loads(t) for t in text] if kind.startswith("json:") else [t or None for t in text]
+                out[c] = pd.Series(vals, dtype=object).astype(kind.split(":", 1)[1])
+            elif kind.startswith(("float", "Float")):
+                out[c] = pd.Series([math.nan if t == "" else float(t) for t in text]).astype(kind)
+            elif kind in ("bool", "boolean"):
+                out[c] = pd.Series([None if t == "" else t == "True" for t in text], dtype=object).astype(kind)
+            else:
+                out[c] = pd.Series([None if t == "" else t for t in text], dtype=object).astype(kind)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: column {c!r} does not read back as {kind} ({e})") from None
+    return pd.DataFrame(out)

@@ -44,6 +44,7 @@ __all__ = [
     "metric_label",
     "head_heatmap",
     "head_small_multiples",
+    "static_figure",
     "head_timeline",
     "gate_intervention_bar",
     "training_curves",
@@ -175,9 +176,10 @@ def save(fig: go.Figure, path: str | os.PathLike, *, width: int | None = None, h
 
     * ``.html``: always works; plotly.js embedded (``plotlyjs="embed"``, offline, ~4.8 MB)
       or loaded from its CDN (``plotlyjs="cdn"``);
-    * ``.png``, ``.svg``, ``.pdf``, ``.jpeg``, ``.webp``: through :func:`image_exporter`,
-      ``width`` (default 900) x ``height`` (default ``fig.layout.height`` or 450) pixels
-      times ``scale``. Without a working exporter: :class:`ExportError` saying how to
+    * ``.png``, ``.svg``, ``.pdf``, ``.jpeg``, ``.webp``: :func:`static_figure` of ``fig``
+      (a slider heatmap becomes the small multiples of all its steps) through
+      :func:`image_exporter`, ``width`` (default 900) x ``height`` (default
+      ``fig.layout.height`` or 450) pixels times ``scale``. Without a working exporter: :class:`ExportError` saying how to
       install one (``pip install 'circuitfade[figures]'``). With ``timeout`` (seconds) the
       export runs in a child process that is killed after that long (an :class:`ExportError`),
       for batch jobs on loaded machines where the exporter's browser can hang.
@@ -199,6 +201,7 @@ def save(fig: go.Figure, path: str | os.PathLike, *, width: int | None = None, h
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"{path}: unknown figure format {path.suffix!r}; expected .html or one of "
                          + ", ".join("." + f for f in IMAGE_FORMATS))
+    fig = static_figure(fig)
     w = int(width or fig.layout.width or 900)
     h = int(height or fig.layout.height or 450)
     if timeout is not None:
@@ -377,6 +380,7 @@ def head_heatmap(traced: pd.DataFrame, metric: str, *, step: int | None = None) 
         tr.visible = i == last
     title = f"{label} per head"
     fig.update_layout(
+        meta={"kind": "head_heatmap", "label": label},  # static_figure() turns the slider into small multiples
         title=dict(text=f"{title}, step {steps[last]}"),
         coloraxis=dict(colorscale=COLORSCALE, cmin=cmin, cmax=cmax, colorbar=_colorbar(label)),
         xaxis=dict(title=dict(text="head"), **_int_axis(n_heads)),
@@ -402,36 +406,65 @@ def head_small_multiples(traced: pd.DataFrame, metric: str, *, max_cols: int = 6
 
     Panels in step order, ``min(max_cols, n_steps)`` per row, each titled ``"step S"``;
     one shared colour scale (min to max over all steps) with the metric as colorbar
-    title. Hover text as in :func:`head_heatmap`.
+    title. Hover text as in :func:`head_heatmap`. The static form of :func:`head_heatmap`:
+    :func:`save` writes this grid when a slider heatmap goes to PNG/SVG/PDF.
     """
     if isinstance(max_cols, bool) or not isinstance(max_cols, numbers.Integral) or max_cols < 1:
         raise ValueError(f"max_cols: expected a positive int, got {max_cols!r}")
     df = _head_frame(traced, metric)
     steps = sorted(df["step"].unique().tolist())
     n_layers, n_heads = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
-    cols = min(int(max_cols), len(steps))
-    rows = math.ceil(len(steps) / cols)
-    label = metric_label(metric)
+    panels = [(f"step {s}", *_grid(df, s, n_layers, n_heads)) for s in steps]
+    cmin, cmax = _color_range(df["value"].to_numpy())
+    return _panel_grid(panels, n_layers, n_heads, metric_label(metric), (cmin, cmax), int(max_cols))
+
+
+def _panel_grid(panels: list[tuple[str, np.ndarray, list]], n_layers: int, n_heads: int, label: str,
+                crange: tuple[float, float], max_cols: int = 6) -> go.Figure:
+    """Small multiples: one ``[layer, head]`` heatmap per ``(title, z, hover text)`` panel, one colour scale."""
+    cols = min(max_cols, len(panels))
+    rows = math.ceil(len(panels) / cols)
     fig = make_subplots(
-        rows=rows, cols=cols, subplot_titles=[f"step {s}" for s in steps],
+        rows=rows, cols=cols, subplot_titles=[t for t, _, _ in panels],
         horizontal_spacing=min(0.04, 0.5 / cols), vertical_spacing=min(0.12, 0.6 / max(rows - 1, 1)),
     )
-    for i, s in enumerate(steps):
-        z, text = _grid(df, s, n_layers, n_heads)
-        fig.add_trace(_heat(z, text, n_layers, n_heads).update(name=f"step {s}"), row=i // cols + 1, col=i % cols + 1)
-    cmin, cmax = _color_range(df["value"].to_numpy())
+    for i, (t, z, text) in enumerate(panels):
+        fig.add_trace(_heat(z, text, n_layers, n_heads).update(name=t), row=i // cols + 1, col=i % cols + 1)
     fig.update_xaxes(**_int_axis(n_heads))
     fig.update_yaxes(autorange="reversed", **_int_axis(n_layers))
     for r in range(1, rows + 1):
         fig.update_yaxes(title_text="layer", row=r, col=1)
-    for i in range(len(steps)):
-        if i + cols >= len(steps):  # the lowest panel of its column
+    for i in range(len(panels)):
+        if i + cols >= len(panels):  # the lowest panel of its column
             fig.update_xaxes(title_text="head", row=i // cols + 1, col=i % cols + 1)
     fig.update_layout(
         title=dict(text=f"{label} per head at every checkpoint"),
-        coloraxis=dict(colorscale=COLORSCALE, cmin=cmin, cmax=cmax, colorbar=_colorbar(label)),
+        coloraxis=dict(colorscale=COLORSCALE, cmin=crange[0], cmax=crange[1], colorbar=_colorbar(label)),
         height=max(300, rows * (40 * n_layers + 140) + 100),
     )
+    return fig
+
+
+def static_figure(fig: go.Figure) -> go.Figure:
+    """``fig`` as it reads on paper (what :func:`save` exports to PNG/SVG/PDF).
+
+    A :func:`head_heatmap` with a step slider shows one step at a time, which a static
+    image would reduce to the visible (last) step: it becomes the small-multiples grid of
+    every step (as :func:`head_small_multiples`, same colour scale). Any other figure with
+    a slider or buttons is returned as it is, with a ``UserWarning`` that only its visible
+    state is exported. Figures without them are returned unchanged.
+    """
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+    if meta.get("kind") == "head_heatmap" and len(fig.data) > 1:
+        panels = [(tr.name, np.asarray(tr.z, dtype=float), tr.text) for tr in fig.data]
+        n_layers, n_heads = panels[0][1].shape
+        ca = fig.layout.coloraxis
+        return _panel_grid(panels, n_layers, n_heads, meta.get("label", ""), (ca.cmin, ca.cmax))
+    if fig.layout.sliders or fig.layout.updatemenus:
+        import warnings
+
+        warnings.warn("this figure has a slider or buttons; a static image shows only its visible state "
+                      "(save it as .html to keep them)", UserWarning, stacklevel=3)
     return fig
 
 

@@ -43,7 +43,7 @@ from circuitfade.analysis import (
 )
 from circuitfade.gating.evaluation import has_gates
 from circuitfade.io import atomic_write, check_outputs, default_output_dir
-from circuitfade.store import CheckpointSeries, attach, trace
+from circuitfade.store import CheckpointSeries, attach, check_series_weights, trace
 from circuitfade.viz.html import Note, Section, Table, page
 from circuitfade.viz.tables import markdown_table
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_label, eval_set, parse_task_args
@@ -62,11 +62,20 @@ def _thin(series: CheckpointSeries, every: int | None) -> CheckpointSeries:
     return series.select(sorted(set(keep) | {steps[-1]}))
 
 
-def _metrics_of(series: CheckpointSeries) -> pd.DataFrame | None:
+def _metrics_of(series: CheckpointSeries) -> tuple[pd.DataFrame | None, str | None]:
+    """``(the run's metrics.csv, None)``, ``(None, None)`` without one, or ``(None, why)`` when
+    the file is there but unreadable, empty or without a ``step`` column (``why`` names it)."""
     run_dir = series.metadata.get("run_dir")
-    if series.gate_path is None or not run_dir or not (Path(run_dir) / "metrics.csv").is_file():
-        return None
-    return read_metrics(run_dir)
+    f = Path(run_dir) / "metrics.csv" if run_dir else None
+    if series.gate_path is None or f is None or not f.exists():
+        return None, None
+    try:
+        df = read_metrics(run_dir)
+    except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:  # EmptyDataError is a ValueError
+        return None, f"no training curves: {f} is unreadable ({type(e).__name__}: {' '.join(str(e).split())})"
+    if "step" not in df.columns or df.empty:
+        return None, f"no training curves: {f} has no rows with a 'step' column (columns: {list(df.columns)[:8]})"
+    return df, None
 
 
 def analyze(
@@ -109,14 +118,16 @@ def analyze(
     if len(series) == 0:
         raise ValueError("the series has no checkpoints to analyse")
     series = _thin(series, every)
+    check_series_weights(series)  # a truncated Hugging Face revision fails now, not mid-trace
     task = as_task(task if task is not None else series.task)
     if task is None:
         raise ValueError(
             f"{series.source}: this series has no task; pass task= (a name such as 'assoc', a dict, a Task "
             "or your own Batch) or --task NAME"
         )
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n: expected a positive number of examples, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 2:
+        raise ValueError(f"n: expected at least 2 evaluation examples, got {n!r} (mean ablation and the intervals "
+                         "over examples are undefined for one)")
     batch = eval_set(task, n=int(n), seed=int(seed))
     evaluation = eval_label(len(batch), seed)
     notes: list[str] = []
@@ -138,9 +149,9 @@ def analyze(
         interventions = None
         notes.append(f"gate interventions skipped: the model at step {final_step} ({type(final).__name__}) has no gates")
     del final
-    metrics = _metrics_of(series)
+    metrics, why = _metrics_of(series)
     if metrics is None:
-        notes.append("no training curves: the source is not a circuitfade run directory with metrics.csv")
+        notes.append(why or "no training curves: the source is not a circuitfade run directory with metrics.csv")
 
     gate = None
     if metrics is not None and any(str(c).startswith("gate_") for c in metrics.columns):
@@ -150,6 +161,11 @@ def analyze(
 
     figures: dict[str, go.Figure] = {}
     for metric in (SUCCESSOR_MASS, ABLATION_IMPORTANCE):
+        rows = traced[traced["metric"] == metric]
+        if not rows["value"].notna().any():
+            why = sorted({str(n) for n in rows["note"].dropna()}) if "note" in rows else []
+            notes.append(f"no {metric} figures: every value is NaN" + (f" ({'; '.join(why)})" if why else ""))
+            continue
         figures[f"{metric}_heatmap"] = plots.head_heatmap(traced, metric)
         figures[f"{metric}_timeline"] = plots.head_timeline(
             traced, metric, gate=gate, threshold=thresholds.get(metric), gate_zero_step=gz,
@@ -230,8 +246,29 @@ def build_parser(prog: str = "circuitfade analyze") -> argparse.ArgumentParser:
     ap.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="task config argument (repeatable; typed by the task's config fields), with --task")
     ap.add_argument("--config", metavar="JSON", help="model config for a folder of state-dict files (attach config=)")
+    ap.add_argument("--pattern", metavar="GLOB",
+                    help="only the files / revision folders of RUN_DIR matching GLOB (e.g. 'step*.pt'; attach pattern=)")
+    ap.add_argument("--steps", metavar="S,S,...", type=_step_list,
+                    help="step labels of the files in name order (state-dict files, Hugging Face folders), or the "
+                         "steps to analyse (run directories); comma-separated (attach steps=)")
+    ap.add_argument("--step-pattern", metavar="REGEX",
+                    help="regex whose group is the step in each file / folder name (attach step_pattern=)")
+    ap.add_argument("--key", metavar="KEY",
+                    help="entry of full .pt checkpoints holding the model's state dict (default: model, state_dict "
+                         "or model_state_dict; attach key=)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     return ap
+
+
+def _step_list(text: str) -> list[int]:
+    """``"0,100,400"`` as ``[0, 100, 400]`` (argparse type of ``--steps``)."""
+    try:
+        steps = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integer steps such as 0,100,400, got {text!r}")
+    if not steps:
+        raise argparse.ArgumentTypeError("expected at least one step")
+    return steps
 
 
 def analyze_main(argv: list[str] | None = None) -> int:
@@ -241,19 +278,25 @@ def analyze_main(argv: list[str] | None = None) -> int:
     try:
         out = Path(ns.out) if ns.out else default_report_path(ns.run_dir)
         check_outputs([out], force=ns.force)  # before any tracing
-        source = attach(ns.run_dir, config=ns.config) if ns.config else ns.run_dir
         if ns.task_arg and not ns.task:
             raise ValueError("--task-arg needs --task NAME")
         task = parse_task_args(ns.task, ns.task_arg) if ns.task else None
+        options = dict(config=ns.config, pattern=ns.pattern, steps=ns.steps, step_pattern=ns.step_pattern, key=ns.key)
+        source = attach(ns.run_dir, **options) if any(v is not None for v in options.values()) else ns.run_dir
         res = analyze(source, out, n=ns.n, seed=ns.seed, every=ns.every, task=task, progress=not ns.quiet)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"circuitfade analyze: error: {e}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"circuitfade analyze: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("circuitfade analyze: interrupted; no report was written (an analysis does not resume: run the "
+              "command again to start it over)", file=sys.stderr)
+        return 130
     series = res["series"]
     print(f"{series.source}: {len(series)} checkpoints (steps {series.steps[0]}..{series.steps[-1]}), "
           f"task {res['task'].name}; {res['eval']}\n")
     print("Consolidation timeline:\n")
-    print(markdown_table(res["timeline"]))
+    print(markdown_table(res["timeline"], transpose=len(res["timeline"]) <= 3))
     if res["interventions"] is not None:
         print(f"\nGate interventions at step {series.steps[-1]}:\n")
         print(markdown_table(res["interventions"]))

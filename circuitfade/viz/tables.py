@@ -27,14 +27,25 @@ def cell_text(v) -> str:
     return str(v)
 
 
-def markdown_table(df: pd.DataFrame) -> str:
+def markdown_table(df: pd.DataFrame, *, transpose: bool = False) -> str:
     """``df`` as a GitHub-flavoured markdown table (no index; floats with 4 significant
-    digits, missing values as ``NA``; ``|`` escaped). No dependency on ``tabulate``."""
+    digits, missing values as ``NA``; ``|`` escaped). No dependency on ``tabulate``.
+
+    ``transpose=True`` writes one row per column of ``df``: ``| column | value |`` for a
+    one-row table (the readable form of the 25-column consolidation timeline), ``| column |
+    0 | 1 | ... |`` for several rows."""
     if not isinstance(df, pd.DataFrame):
         raise ValueError(f"markdown_table: expected a DataFrame, got {type(df).__name__}")
 
     def md(v) -> str:
         return cell_text(v).replace("|", "\\|").replace("\n", " ")
+
+    if transpose:
+        heads = ["value"] if len(df) == 1 else [str(i) for i in range(len(df))]
+        header = "| column | " + " | ".join(heads) + " |"
+        rule = "|" + "|".join("---" for _ in range(len(heads) + 1)) + "|"
+        body = ["| " + md(c) + " | " + " | ".join(md(v) for v in df[c]) + " |" for c in df.columns]
+        return "\n".join([header, rule, *body])
 
     header = "| " + " | ".join(md(c) for c in df.columns) + " |"
     rule = "|" + "|".join("---" for _ in df.columns) + "|"
