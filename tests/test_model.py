@@ -182,6 +182,16 @@ def test_save_load_roundtrip(tmp_path, model, tokens):
         assert torch.equal(loaded.state_dict()[k], v), k
 
 
+def test_from_pretrained_honours_dtype_and_refuses_processing_options(tmp_path, model, tokens):
+    model.save_pretrained(tmp_path / "m")
+    wide = SoftPriorTransformer.from_pretrained(tmp_path / "m", dtype=torch.float64)
+    assert wide.cfg.dtype == torch.float64 and wide.W_E.dtype == torch.float64
+    assert torch.allclose(wide(tokens).float(), model(tokens), atol=1e-5)
+    assert SoftPriorTransformer.from_pretrained(tmp_path / "m", dtype="float64").W_E.dtype == torch.float64
+    with pytest.raises(ValueError, match="fold_ln"):
+        SoftPriorTransformer.from_pretrained(tmp_path / "m", fold_ln=True)
+
+
 def test_truncated_weights_raise(tmp_path, model):
     model.save_pretrained(tmp_path / "m")
     f = tmp_path / "m" / "model.safetensors"

@@ -634,9 +634,19 @@ class SoftPriorCore:
         return path
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str | None = None, **_ignored):
-        """Load a model written by :meth:`save_pretrained` on either line (no network, no pickle)."""
+    def from_pretrained(cls, path: str | Path, device: str | None = None, *, dtype=None, **kwargs):
+        """Load a model written by :meth:`save_pretrained` on either line (no network, no pickle).
+
+        ``device`` and ``dtype`` (``torch.float64`` or ``"float64"``) override the saved config;
+        the weights load as saved otherwise. TransformerLens' weight-processing options
+        (``fold_ln=``, ``center_writing_weights=``, ...) do not apply to a circuitfade model folder
+        and are refused by name rather than ignored.
+        """
         from circuitfade.model.config import SoftPriorConfig
+
+        if kwargs:
+            raise ValueError(f"from_pretrained: {sorted(kwargs)} do not apply to a circuitfade model folder "
+                             "(weights load as saved: no folding or centering); pass device= or dtype= only")
 
         path = Path(path)
         if not (path / CONFIG_FILE).is_file():
@@ -647,6 +657,8 @@ class SoftPriorCore:
         cfg_d = dict(meta["config"])
         if device is not None:
             cfg_d["device"] = device
+        if dtype is not None:
+            cfg_d["dtype"] = str(dtype).removeprefix("torch.")
         cfg = SoftPriorConfig.from_json_dict(cfg_d, source=str(path / CONFIG_FILE))
         model = cls(cfg)
         model.load_weights(path / WEIGHTS_FILE)
