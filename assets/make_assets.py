@@ -1,4 +1,4 @@
-"""Regenerate the shipped example series (``assets/series/``) and the README figures (``assets/figures/``).
+"""Regenerate the shipped example series (``circuitfade/data/series/``) and the docs figures (``assets/figures/``).
 
     python assets/make_assets.py                      # train (or reuse) the two runs, copy, trace, plot
     python assets/make_assets.py --wait 2400          # wait up to 40 min for a sweep already training them
@@ -12,7 +12,7 @@ With ``--wait S`` the script first waits (polling every 30 s, up to ``S`` second
 for another process - e.g. a running ``circuitfade reproduce`` - to finish them,
 and stops rather than training into a directory someone else is writing.
 
-Each run is copied to ``assets/series/<name>/`` (``config.json``, ``metrics.csv``,
+Each run is copied to ``circuitfade/data/series/<name>/`` (``config.json``, ``metrics.csv``,
 ``done.json``, ``checkpoints/step_XXXXXX.safetensors``): weights only, without the
 optimizer state files, so the whole series is a few MB. ``circuitfade.store.attach``
 opens such a copy like any run directory.
@@ -60,6 +60,7 @@ from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, eval_set
 from circuitfade.train import CKPT_DIR, RunConfig, TrainConfig, read_metrics
 
 ASSETS = Path(__file__).resolve().parent
+SERIES = ASSETS.parent / "circuitfade" / "data" / "series"  # shipped inside the package
 RUNS = {"unforced": "unforced", "fade600to0": "fade600->0"}
 """Asset name -> gate path of the shipped runs."""
 POLL_S = 30
@@ -152,9 +153,9 @@ def make_figures(series_dirs: dict[str, Path], out: Path, *, n: int, embed: bool
     written = write_figures(figures, out, embed=embed)
     table = markdown_table(timeline)
     (out / "consolidation_timeline.md").write_text(
-        f"Consolidation timeline of `assets/series/fade600to0` (head_diagnostics, n = {n}, "
+        f"Consolidation timeline of the shipped series `fade600to0` (head_diagnostics, n = {n}, "
         f"every checkpoint; thresholds {DEFAULT_THRESHOLDS}):\n\n{table}\n\n"
-        f"Gate interventions of `assets/series/unforced` at step {unforced.steps[-1]}:\n\n"
+        f"Gate interventions of the shipped series `unforced` at step {unforced.steps[-1]}:\n\n"
         f"{markdown_table(interventions)}\n"
     )
     return {"timeline": timeline, "table": table, "interventions": interventions, "trace_s": trace_s,
@@ -167,8 +168,9 @@ def _size_mb(path: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", default="results/runs", help="sweep root the runs are trained into (default results/runs)")
-    ap.add_argument("--out", default=str(ASSETS), help="assets folder to write (default: this script's folder)")
+    ap.add_argument("--root", default="runs/assets", help="sweep root the runs are trained into (default runs/assets)")
+    ap.add_argument("--out", default=str(ASSETS), help="figures folder's parent (default: this script's folder)")
+    ap.add_argument("--series-out", default=str(SERIES), help="where the series go (default: the package's data/series)")
     ap.add_argument("--wait", type=float, default=0.0, metavar="S",
                     help="wait up to S seconds for another process to finish the runs instead of training them")
     ap.add_argument("--n", type=int, default=EVAL_SIZE, help=f"evaluation examples for tracing (default {EVAL_SIZE})")
@@ -176,13 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--embed-plotlyjs", action="store_true", help="embed plotly.js in each HTML (offline, ~4.8 MB each)")
     ap.add_argument("--quick", action="store_true", help="600-step runs, for trying the script (not for shipping)")
     ap.add_argument("--figures-only", action="store_true",
-                    help="redraw assets/figures from the series already in assets/series (no training)")
+                    help="redraw assets/figures from the shipped series (no training)")
     ns = ap.parse_args(argv)
     torch.set_num_threads(1)
     t_start = time.time()
     if ns.figures_only:
         out = Path(ns.out)
-        res = make_figures({name: out / "series" / name for name in RUNS}, out / "figures", n=ns.n,
+        res = make_figures({name: Path(ns.series_out) / name for name in RUNS}, out / "figures", n=ns.n,
                            embed=ns.embed_plotlyjs)
         print(res["table"])
         print(f"\nfigures: {', '.join(res['written'])} ({time.time() - t_start:.0f} s)")
@@ -203,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     out = Path(ns.out)
-    series_dirs = {name: copy_run(d, out / "series" / name) for name, d in run_dirs.items()}
+    series_dirs = {name: copy_run(d, Path(ns.series_out) / name) for name, d in run_dirs.items()}
     res = make_figures(series_dirs, out / "figures", n=ns.n, embed=ns.embed_plotlyjs)
 
     print(f"\nConsolidation timeline of {series_dirs['fade600to0']} "
@@ -212,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nGate interventions, unforced, final checkpoint:\n")
     print(markdown_table(res["interventions"]))
     print(f"\nfigures: {', '.join(res['written'])}")
-    total = _size_mb(out / "series") + _size_mb(out / "figures")
-    print(f"sizes: series {_size_mb(out / 'series'):.2f} MB, figures {_size_mb(out / 'figures'):.2f} MB, "
+    total = _size_mb(Path(ns.series_out)) + _size_mb(out / "figures")
+    print(f"sizes: series {_size_mb(Path(ns.series_out)):.2f} MB, figures {_size_mb(out / 'figures'):.2f} MB, "
           f"total {total:.2f} MB (limit {MAX_MB:g} MB); {time.time() - t_start:.0f} s in all")
     if total > MAX_MB:
         print(f"assets exceed {MAX_MB:g} MB", file=sys.stderr)

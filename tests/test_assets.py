@@ -1,6 +1,6 @@
 """Weights-only run directories open for analysis; the shipped example series is what it says.
 
-The shipped series (``assets/series/``, made by ``assets/make_assets.py``) are copies of
+The shipped series (``circuitfade/data/series/``, made by ``assets/make_assets.py``) are copies of
 two full training runs without their optimizer-state files. The checks: they open with
 ``attach``, hold a checkpoint every 300 steps from 0 to 3,600, and their final
 checkpoints reproduce the accuracies the trainer logged in ``metrics.csv`` at step
@@ -25,7 +25,7 @@ from circuitfade.train import CKPT_DIR, EVAL_SEED, RunConfig, TrainConfig, compl
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
-SERIES = REPO / "assets" / "series"
+SERIES = REPO / "circuitfade" / "data" / "series"
 SHIPPED = {"unforced": "unforced", "fade600to0": "fade600->0"}
 MAX_ASSET_BYTES = 8 * 2**20
 

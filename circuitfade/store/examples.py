@@ -1,19 +1,12 @@
-"""The shipped example series (``assets/series/``), found from any working folder.
+"""The shipped example series, found from any working folder, in a clone or a pip install.
 
     from circuitfade.store.examples import example_series
     series = example_series("fade600to0")          # a CheckpointSeries, 13 checkpoints, steps 0..3600
 
-The two series (``unforced``, ``fade600to0``; 4.5 MB of weights) live in the
-repository's ``assets/series/``, not in the wheel, to keep installs small. They are
-found, in this order:
-
-1. ``$CIRCUITFADE_ASSETS/series/<name>`` (``CIRCUITFADE_ASSETS``: a folder holding
-   ``series/``, e.g. a copy of the repository's ``assets/``);
-2. ``assets/series/<name>`` of the source tree the package was imported from (a clone,
-   with ``pip install -e .`` as ``make`` does) - so notebooks and scripts work from any
-   working folder.
-
-Otherwise :func:`example_series_dir` raises ``FileNotFoundError`` saying how to get them.
+The two series (``unforced``, ``fade600to0``: seed 0, associative recall, 3,600 steps, weights
+every 300 steps; 4.6 MB) ship inside the package (``circuitfade/data/series/``), so a
+``pip install`` has them. ``$CIRCUITFADE_ASSETS/series/<name>`` (a folder holding ``series/``)
+takes precedence when set, e.g. to try regenerated series (``assets/make_assets.py``).
 """
 
 from __future__ import annotations
@@ -29,20 +22,18 @@ ENV_VAR = "CIRCUITFADE_ASSETS"
 
 
 def assets_dir() -> Path:
-    """The folder holding ``series/``: ``$CIRCUITFADE_ASSETS`` if set, else the source tree's ``assets/``."""
+    """The folder holding ``series/``: ``$CIRCUITFADE_ASSETS`` if set, else the package's own ``data/``."""
     env = os.environ.get(ENV_VAR)
     if env:
         p = Path(env).expanduser()
         if not (p / "series").is_dir():
-            raise FileNotFoundError(f"{ENV_VAR}={env}: expected a folder holding series/ (the repository's assets/)")
+            raise FileNotFoundError(f"{ENV_VAR}={env}: expected a folder holding series/ (e.g. circuitfade/data)")
         return p
-    p = Path(__file__).resolve().parents[2] / "assets"
+    p = Path(__file__).resolve().parents[1] / "data"
     if (p / "series").is_dir():
         return p
-    raise FileNotFoundError(
-        "the example series are not installed with the package (to keep installs small): clone the repository "
-        f"and pip install -e . there, or set {ENV_VAR} to a copy of its assets/ folder"
-    )
+    raise FileNotFoundError(f"{p / 'series'}: the example series are missing from this installation; reinstall "
+                            f"circuitfade or set {ENV_VAR} to a folder holding series/")
 
 
 def example_series_dir(name: str) -> Path:

@@ -84,7 +84,7 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
 
     The snapshots are the weight files ``checkpoints/step_XXXXXX.safetensors`` (the
     ``.state.safetensors`` optimizer/RNG files beside them are not needed, so a
-    weights-only copy of a run - such as the shipped ``assets/series/`` - opens too;
+    weights-only copy of a run - such as the shipped example series - opens too;
     training writes the state file first, so every weight file of a run in progress
     is a finished checkpoint). Resuming training still needs both files
     (:func:`circuitfade.train.checkpoints.complete_checkpoints`).

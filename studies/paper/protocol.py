@@ -200,7 +200,7 @@ def interventions_configs(seeds, root, b: Budget) -> list[RunConfig]:
 PLATEAU_ACC = 0.30
 """Accuracy of the initial plateau of associative recall, as an upper bound: every shipped
 run sits at 0.18-0.27 (all conditions) for steps 100-500, before its circuit forms
-(``assets/series/*/metrics.csv``). A run whose best accuracy over the evaluation
+(``circuitfade/data/series/*/metrics.csv``). A run whose best accuracy over the evaluation
 conditions does not clear it (Wilson lower bound) never left the plateau."""
 
 
