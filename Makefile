@@ -7,7 +7,7 @@ VENV_TL4 ?= .venv-tl4
 PY_TL4 := $(VENV_TL4)/bin/python
 STAMP_TL4 := $(VENV_TL4)/.installed
 
-.PHONY: demo test test-fast test-tl4 bench clean
+.PHONY: demo test test-fast test-tl4 test-pip docs bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -34,6 +34,10 @@ test: $(STAMP)
 # the whole suite under TransformerLens 4.3
 test-tl4: $(STAMP_TL4)
 	$(PY_TL4) -m pytest -q
+
+# a pip user's first hour: non-editable install in a fresh venv, README block + tutorials 01-02 from another folder
+test-pip:
+	bash .ci/pip_user.sh
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
