@@ -22,16 +22,16 @@ TESTS = Path(__file__).resolve().parent
 
 POOL_PARENT = """
 import sys
-from circuitfade.cli import guarded
+from circuitfade.train.jobs import run_jobs
+from planted_jobs import hold
 
-def go():
-    from circuitfade.train.jobs import run_jobs
-    from planted_jobs import hold
-    jobs = [(sys.argv[1], sys.argv[2])] * int(sys.argv[3])
+jobs = [(sys.argv[1], sys.argv[2])] * int(sys.argv[3])
+try:
     for _ in run_jobs(hold, jobs, workers=2, inline=False):
         pass
-
-sys.exit(guarded("pool", go, resume=None))
+except KeyboardInterrupt:
+    print("pool: interrupted", file=sys.stderr)
+    sys.exit(130)
 """
 
 
@@ -40,13 +40,19 @@ def _env() -> dict:
 
 
 def _read_pids(fd: int, n: int, parent: subprocess.Popen, deadline: float) -> list[int]:
+    """The ``n`` worker pids written to the FIFO ``fd``; fails at once if the parent exits first."""
     buf = b""
-    while buf.count(b"\n") < n:
-        left = deadline - time.monotonic()
-        assert left > 0 and parent.poll() is None, f"workers did not start: {parent.stderr.read().decode()}"
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            buf += os.read(fd, 4096)
+    parent_fd = os.pidfd_open(parent.pid)
+    try:
+        while buf.count(b"\n") < n:
+            left = deadline - time.monotonic()
+            assert left > 0, "the workers did not start in time"
+            ready, _, _ = select.select([fd, parent_fd], [], [], left)
+            assert parent_fd not in ready, f"the parent exited: {parent.stderr.read().decode()}"
+            if ready:
+                buf += os.read(fd, 4096)
+    finally:
+        os.close(parent_fd)
     return [int(x) for x in buf.split()]
 
 

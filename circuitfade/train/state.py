@@ -83,12 +83,12 @@ def check_optimizer_tensors(opt: torch.optim.Optimizer, tensors: Mapping[str, to
         raise CheckpointError(f"{source}: no optimizer state for {len(missing)} parameters (indices "
                               f"{missing[:6]}) at step {step}; every parameter but the gate logits has it "
                               "after the first step")
+    if "param_groups" not in meta:
+        raise CheckpointError(f"{source}: no 'param_groups' metadata (the optimizer's settings)")
     try:
         groups = json.loads(meta["param_groups"])
         ids = sorted(i for g in groups for i in g["params"])
-    except KeyError:
-        raise CheckpointError(f"{source}: no 'param_groups' metadata (the optimizer's settings)") from None
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{source}: 'param_groups' metadata is not the optimizer's settings ({e})") from None
     if ids != list(range(len(params))) or len(groups) != len(opt.param_groups):
         raise CheckpointError(f"{source}: 'param_groups' metadata names parameters {ids[:6]}...; the model has "
