@@ -124,7 +124,19 @@ def test_sigint_during_analyze_does_not_promise_a_resume(tiny_run, tmp_path, cap
     monkeypatch.setattr(report, "analyze", interrupted)
     assert main(["analyze", str(tiny_run), "--out", str(tmp_path / "o" / "a.html"), "--quiet"]) == 130
     err = one_line_error(capsys, "circuitfade analyze: interrupted")
-    assert "resume" not in err and "same command" not in err
+    assert "run the same command again to resume" not in err and "checkpoints are kept" not in err
+
+
+def test_sigint_during_screen_does_not_promise_a_resume(tiny_run, tmp_path, capsys, monkeypatch, sigint_restored):
+    import circuitfade.viz.screens as screens
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(screens, "run", interrupted)
+    assert main(["screen", str(tiny_run), "--out", str(tmp_path / "s" / "screen.html"), "--quiet"]) == 130
+    err = one_line_error(capsys, "circuitfade screen: interrupted")
+    assert "resume" not in err
 
 
 def test_delegated_command_errors_are_one_line(tmp_path, capsys, monkeypatch):
