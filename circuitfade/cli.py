@@ -4,7 +4,9 @@ Each subcommand is a function taking parsed arguments; :func:`main` takes an
 ``argv`` list so tests can call it directly. Every subcommand runs inside
 :func:`guarded`: a user error (bad input, a held lock, a full or read-only disk,
 a diverged run) ends as one line on stderr naming the problem and exit code 2;
-Ctrl-C ends as one line saying the command can be run again to resume (exit 130).
+Ctrl-C ends as one line (exit 130) that says the command can be run again to
+resume only for the commands that resume (``train``, ``demo``, ``local-series``);
+a second Ctrl-C while the process winds down ends it at once, quietly.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import argparse
 import errno
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,13 +46,30 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def guarded(prog: str, fn, *args) -> int:
-    """Run ``fn(*args)``; user errors -> one line + exit 2, Ctrl-C -> one line + exit 130."""
+RESUME_HINT = "finished checkpoints are kept: run the same command again to resume"
+"""What :func:`guarded` adds after "interrupted" for commands that resume (the default)."""
+
+
+def _exit_at_once(signum, frame) -> None:  # pragma: no cover - runs in a process that is ending
+    """A second Ctrl-C while the process winds down (atexit handlers, pool shutdown): exit
+    now, with no traceback (files are written atomically, so nothing is left half-written)."""
+    os._exit(130)
+
+
+def guarded(prog: str, fn, *args, resume: str | None = RESUME_HINT) -> int:
+    """Run ``fn(*args)``; user errors -> one line + exit 2, Ctrl-C -> one line + exit 130.
+
+    The Ctrl-C line is ``"{prog}: interrupted"`` plus ``"; {resume}"`` when ``resume`` is
+    given (commands that do not resume pass ``resume=None``). After a Ctrl-C, a further
+    one ends the process at once (exit 130) instead of raising inside the interpreter's
+    exit handlers.
+    """
     try:
         return int(fn(*args) or 0)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; finished checkpoints are kept: run the same command again to resume",
-              file=sys.stderr)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, _exit_at_once)
+        print(f"{prog}: interrupted" + (f"; {resume}" if resume else ""), file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - filtered just below; anything else is a bug: traceback
         if not isinstance(e, _user_errors()):
@@ -81,10 +102,14 @@ def _task_dict(name: str, kv: list[str] | None) -> dict:
         raise UsageError(str(e)) from None
 
 
-def _positive(flag: str, v: int) -> int:
-    """``v`` if it is a positive integer, else a :class:`UsageError` naming ``flag``."""
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise UsageError(f"{flag} must be a positive integer, got {v!r}")
+def check_count(flag: str, v, minimum: int = 1):
+    """``v`` if it is an integer ``>= minimum`` (``None`` passes: the flag was not given), else a
+    :class:`UsageError` naming ``flag`` (so ``--workers 0`` starts no work)."""
+    if v is None:
+        return v
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise UsageError(f"{flag} must be {what}, got {v!r}")
     return v
 
 
@@ -114,13 +139,76 @@ def _train_one(args: dict) -> dict:
     return {"path": cfg.path, "seed": cfg.seed, "out": args["out"], **run.metrics[-1]}
 
 
-def cmd_train(ns: argparse.Namespace) -> int:
-    from circuitfade.train import RunConfig, TrainConfig
+def _config_file(path: str) -> dict:
+    """The RunConfig fields in the file ``path``: JSON, or YAML (``.yaml``/``.yml``, needs PyYAML);
+    a :class:`UsageError` naming the file when it is missing, unreadable or not an object."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"--config {p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--config {p}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if p.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise UsageError(f"--config {p}: reading YAML needs PyYAML (pip install pyyaml); "
+                             "or write the file as JSON") from None
+        try:
+            d = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--config {p}: not valid YAML ({' '.join(str(e).split())})") from None
+    else:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--config {p}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(d, dict):
+        raise UsageError(f"--config {p}: expected an object with RunConfig fields (path, task, model, train, "
+                         f"seed, mix), got {type(d).__name__}")
+    return d
 
-    tc = TrainConfig(**_train_kwargs(ns, "steps", "eval_every", "checkpoint_every", "device"))
-    model = _json_object("--model", ns.model)
-    cfg = RunConfig(path=ns.path, task=_task_dict(ns.task, ns.task_arg), model=model, train=tc, seed=ns.seed)
-    out = ns.out or f"runs/{ns.task}/{ns.path.replace('->', 'to')}/seed{ns.seed}"
+
+def run_config_from_args(ns: argparse.Namespace):
+    """The :class:`~circuitfade.train.config.RunConfig` of a ``train`` command line: the
+    ``--config`` file's fields (if any), then every flag given on the command line on top
+    (``--model`` and ``--task-arg`` are merged into the file's model and task; ``--task`` naming
+    another task replaces the file's task). Errors name the file or the flag."""
+    from circuitfade.train import RunConfig
+
+    src = f"--config {ns.config}: " if ns.config else ""
+    d = {k: v for k, v in (_config_file(ns.config) if ns.config else {}).items() if k != "circuitfade_version"}
+    for key in ("task", "model", "train"):
+        if key in d and not isinstance(d[key], dict):
+            raise UsageError(f"{src}{key!r} must be an object, got {d[key]!r}")
+    if ns.path is not None:
+        d["path"] = ns.path
+    task = d.get("task") or {"name": "assoc"}
+    if ns.task is not None and ns.task != task.get("name"):
+        task = _task_dict(ns.task, ns.task_arg)
+    elif ns.task_arg:
+        if "name" not in task:
+            raise UsageError(f"{src}'task' needs a 'name' (e.g. {{\"name\": \"assoc\"}})")
+        task = {**task, **_task_dict(task["name"], ns.task_arg)}
+    d["task"] = task
+    if ns.model:
+        d["model"] = {**d.get("model", {}), **_json_object("--model", ns.model)}
+    d["train"] = {**d.get("train", {}), **_train_kwargs(ns, "steps", "eval_every", "checkpoint_every", "device")}
+    if ns.seed is not None:
+        d["seed"] = ns.seed
+    try:
+        return RunConfig.from_dict(d)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{src}{_one_line(e)}") from None
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    cfg = run_config_from_args(ns)
+    if ns.print_config:
+        print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+        return 0
+    out = ns.out or f"runs/{cfg.task['name']}/{cfg.path.replace('->', 'to')}/seed{cfg.seed}"
     t0 = time.time()
     res = _train_one({"config": cfg.to_dict(), "out": out, "progress": not ns.quiet})
     pm = cfg.make_task().primary_metric  # accuracy for token tasks, MSE for regression
@@ -222,7 +310,7 @@ def cmd_local_series(ns: argparse.Namespace) -> int:
 
     from circuitfade.train.recipes import LOCAL_STEPS, build_local_series, local_run_config
 
-    steps = LOCAL_STEPS if ns.steps is None else _positive("--steps", ns.steps)
+    steps = LOCAL_STEPS if ns.steps is None else check_count("--steps", ns.steps)
     cfg = local_run_config(steps, seed=ns.seed)
     n_ckpt = len(cfg.train.extra_checkpoints) + 1
     print(f"circuitfade local-series: {steps} steps, seed {ns.seed}, {n_ckpt} checkpoints (step 0 and log-spaced) "
@@ -258,11 +346,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="circuitfade", description="Annealable soft-prior Transformers: train, trace, reproduce.")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train one run along a gate path")
-    t.add_argument("--task", default="assoc", help="task name (assoc, markov)")
+    t = sub.add_parser(
+        "train", help="train one run along a gate path",
+        description="Train one run (a RunConfig) into a run directory; a killed run resumes when the command is "
+                    "run again. --config FILE gives the whole RunConfig as a JSON object (YAML for .yaml/.yml "
+                    "files when PyYAML is installed), e.g. {\"path\": \"fade600->0\", \"task\": {\"name\": "
+                    "\"assoc\"}, \"model\": {\"n_layers\": 4}, \"train\": {\"steps\": 3600, \"lr\": 0.001, "
+                    "\"batch_size\": 64}, \"seed\": 0} (a run's config.json is such a file). Flags given on the "
+                    "command line override the file: --path, --seed and the train flags replace its values, "
+                    "--model and --task-arg are merged into its model and task, --task naming another task "
+                    "replaces its task. --print-config prints the resulting config and trains nothing.")
+    t.add_argument("--config", metavar="FILE", help="RunConfig as JSON (or YAML with PyYAML); flags override it")
+    t.add_argument("--print-config", action="store_true", help="print the resulting RunConfig as JSON and exit")
+    t.add_argument("--task", help="task name (assoc, markov, ...; default assoc)")
     t.add_argument("--task-arg", action="append", metavar="KEY=VALUE", help="task parameter, e.g. p=0.2")
-    t.add_argument("--path", default="fade600->0", help="gate path spec, e.g. unforced, forced_zero, fade600->0")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--path", help="gate path spec, e.g. unforced, forced_zero, fade600->0 (default fade600->0)")
+    t.add_argument("--seed", type=int, help="seed (default 0)")
     t.add_argument("--steps", type=int, help="global step at which the run ends (default: TrainConfig's, 3600)")
     t.add_argument("--eval-every", type=int, help="evaluate every N steps (default: TrainConfig's)")
     t.add_argument("--checkpoint-every", type=int, help="checkpoint every N steps (default: TrainConfig's)")
@@ -296,10 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in DELEGATED:
         import importlib
 
-        module, func, _ = DELEGATED[argv[0]]
-        return guarded(f"circuitfade {argv[0]}", lambda: getattr(importlib.import_module(module), func)(argv[1:]))
+        module, func, _ = DELEGATED[argv[0]]  # analysis commands: nothing to resume
+        return guarded(f"circuitfade {argv[0]}", lambda: getattr(importlib.import_module(module), func)(argv[1:]),
+                       resume=None)
     ns = build_parser().parse_args(argv)
-    return guarded(f"circuitfade {ns.command}", ns.func, ns)
+    return guarded(f"circuitfade {ns.command}", ns.func, ns)  # train, demo, local-series: they resume
 
 
 if __name__ == "__main__":

@@ -3,22 +3,26 @@
 Every file circuitfade writes goes through :func:`atomic_write`: the bytes go to
 a temporary file in the same directory, are flushed and fsynced, and only then
 renamed over the final name, so a crash never leaves a half-written file under
-the name a reader looks for (a crash can leave a ``.NAME.*.tmp`` file beside it;
-the trainer removes those when it next takes the run's lock). Files get the
+the name a reader looks for (a crash can leave a ``.NAME.XXXXXXXX.cftmp`` file beside it,
+``XXXXXXXX`` eight hex digits: :func:`is_temp_file` recognises exactly these, and the trainer
+removes them, and only them, when it next takes the run's lock). Files get the
 permissions any new file gets (``0o666`` minus the umask, so ``0644`` under the
 usual umask ``022``). :func:`check_outputs` checks, before any work is done, that
 output files can be written and that none would be replaced without ``force``. Weights are read with safetensors, or with
 ``torch.load(weights_only=True)`` for ``.pt``/``.pth`` files, so loading never
-runs code from the file.
+runs code from the file. Every safetensors file written by :func:`save_tensors` records a
+checksum of its tensors and metadata (:func:`checksum_of`), checked by :func:`verify_checksum`.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import re
+import secrets
 import stat
-import tempfile
 import types
 import typing
 from dataclasses import dataclass
@@ -33,6 +37,11 @@ __all__ = [
     "CheckpointError",
     "OutputError",
     "atomic_write",
+    "is_temp_file",
+    "TEMP_SUFFIX",
+    "CHECKSUM_KEY",
+    "checksum_of",
+    "verify_checksum",
     "check_outputs",
     "default_output_dir",
     "peek_shapes",
@@ -62,26 +71,36 @@ class OutputError(ValueError):
     """An output file cannot be written, or exists and would be replaced without ``force``."""
 
 
-def _umask() -> int:
-    try:  # Linux: read it without changing it (os.umask can only be read by setting it)
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
+TEMP_SUFFIX = ".cftmp"
+"""Suffix of :func:`atomic_write`'s temp files: ``.NAME.XXXXXXXX.cftmp`` (``XXXXXXXX``: 8 hex digits)."""
+
+_TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX))
+
+
+def is_temp_file(name: str) -> bool:
+    """Whether the file name ``name`` is one of :func:`atomic_write`'s temp files
+    (``.NAME.XXXXXXXX.cftmp``): the only files scratch cleanup may delete."""
+    return _TEMP_NAME.fullmatch(name) is not None
+
+
+def _new_temp(folder: Path, name: str) -> tuple[int, Path]:
+    """Create ``folder/.name.XXXXXXXX.cftmp`` exclusively, mode ``0o666 & ~umask``: ``(fd, path)``."""
+    while True:
+        tmp = folder / f".{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:  # pragma: no cover - a 1 in 4e9 collision
+            continue
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), mode ``0o666 & ~umask``."""
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), mode ``0o666 & ~umask``.
+
+    The temp file is ``.NAME.XXXXXXXX.cftmp`` beside ``path`` (see :func:`is_temp_file`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new_temp(path.parent, path.name)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -112,7 +131,7 @@ def check_outputs(paths, *, force: bool = False) -> list[Path]:
     for folder in dict.fromkeys(p.parent for p in paths):
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe.", suffix=".tmp")
+            fd, probe = _new_temp(folder, "write-probe")
             os.close(fd)
             os.unlink(probe)
         except (FileExistsError, NotADirectoryError):
@@ -171,10 +190,76 @@ def content_hash(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+CHECKSUM_KEY = "checksum"
+"""Safetensors metadata key of :func:`checksum_of`'s value, written by :func:`save_tensors`."""
+
+
+def checksum_of(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> str:
+    """``"sha256:<hex>"`` over every tensor and every metadata entry but the checksum itself.
+
+    For each name in sorted order: ``[name, dtype, shape]`` as JSON, then the tensor's raw
+    bytes (C order, native little-endian); then the metadata (without :data:`CHECKSUM_KEY`)
+    as sorted-key JSON. So a changed byte of tensor data, a renamed, added or removed
+    tensor, a changed dtype or shape, or an edited metadata value changes the checksum.
+    """
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(json.dumps([name, str(t.dtype).removeprefix("torch."), list(t.shape)]).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    meta = {k: v for k, v in (metadata or {}).items() if k != CHECKSUM_KEY}
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    return "sha256:" + h.hexdigest()
+
+
+def verify_checksum(path: str | os.PathLike, *, tensors: Mapping[str, torch.Tensor] | None = None,
+                    metadata: Mapping[str, str] | None = None) -> bool:
+    """Check a safetensors file against the checksum it records (:func:`checksum_of`).
+
+    Returns ``True`` when the file records a checksum and it matches, ``False`` when it
+    records none (written by another tool, or before checksums were written); raises
+    :class:`CheckpointError` naming ``path`` when it does not match or the file cannot be
+    read. ``tensors`` and ``metadata``: the file's content when the caller has already read
+    it (then the file is not read again).
+    """
+    path = Path(path)
+    if tensors is None or metadata is None:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                metadata = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except PermissionError:
+            raise CheckpointError(f"{path}: permission denied (the file is not readable)") from None
+        except Exception as e:  # SafetensorError, OSError
+            raise CheckpointError(f"{path}: not a readable safetensors file (truncated or foreign?): {e}") from None
+    recorded = metadata.get(CHECKSUM_KEY)
+    if recorded is None:
+        return False
+    if checksum_of(tensors, metadata) != recorded:
+        raise CheckpointError(f"{path}: checksum mismatch: its tensors or metadata changed after it was written "
+                              "(flipped bytes, or an edited or re-saved file)")
+    return True
+
+
 def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata=None) -> Path:
-    """Save a flat ``name -> tensor`` dict as safetensors, atomically."""
+    """Save a flat ``name -> tensor`` dict as safetensors, atomically, with its checksum
+    (:func:`checksum_of`) in the metadata under :data:`CHECKSUM_KEY`; the header's keys are
+    sorted, so the same tensors and metadata always give the same bytes."""
     flat = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    return atomic_write(path, save(flat, metadata=metadata))
+    meta = {k: str(v) for k, v in (metadata or {}).items() if k != CHECKSUM_KEY}
+    meta[CHECKSUM_KEY] = checksum_of(flat, meta)
+    return atomic_write(path, _sorted_header(save(flat, metadata=meta)))
+
+
+def _sorted_header(data: bytes) -> bytes:
+    """``data`` (a safetensors file) with its JSON header's keys sorted, so that the same tensors
+    and metadata give the same bytes (safetensors writes metadata in hash-map order)."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8:8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # tensor data stays 8-byte aligned, as safetensors pads it
+    return len(header).to_bytes(8, "little") + header + data[8 + n:]
 
 
 MODEL_STATE_KEYS: tuple[str, ...] = ("model", "state_dict", "model_state_dict")

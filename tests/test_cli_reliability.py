@@ -4,6 +4,7 @@ overwritten without --force; task arguments parsed against the task's config fie
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -37,13 +38,20 @@ def tiny_run(tmp_path):
 # 14. every user error: one line, exit 2
 # --------------------------------------------------------------------------------------
 def test_held_lock_is_one_line(tmp_path, capsys):
+    import fcntl
+
     out = tmp_path / "r"
     assert main(["train", "--path", "unforced", "--out", str(out), *QUICK]) == 0
     (out / "done.json").unlink()
-    (out / ".lock").write_text(str(os.getppid()))  # a live process that is not us
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT)  # another trainer holds the run's lock
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, b"4242")
     capsys.readouterr()
-    assert main(["train", "--path", "unforced", "--out", str(out), *QUICK]) == 2
-    one_line_error(capsys, "being trained by process")
+    try:
+        assert main(["train", "--path", "unforced", "--out", str(out), *QUICK]) == 2
+    finally:
+        os.close(fd)
+    one_line_error(capsys, "being trained by process 4242")
 
 
 def test_out_pointing_at_a_file(tmp_path, capsys):
@@ -66,7 +74,11 @@ def test_disk_full_and_read_only_are_one_line(tmp_path, capsys, monkeypatch, cod
 
 
 @pytest.mark.parametrize("model, words", [("{n_heads: 0}", "--model"), ('{"n_heads": 0}', "n_heads"),
-                                          ("[1, 2]", "--model"), ('{"d_vocab": 8}', "d_vocab")])
+                                          ("[1, 2]", "--model"), ('{"d_vocab": 8}', "d_vocab"),
+                                          ('{"dtype": "float16"}', "float16"), ('{"dtype": "bfloat16"}', "bfloat16"),
+                                          ('{"dtype": "int64"}', "int64"),
+                                          ('{"d_mlp": -3, "attn_only": false}', "d_mlp"),
+                                          ('{"device": "meta"}', "meta")])
 def test_bad_model_json_is_one_line(tmp_path, capsys, model, words):
     assert main(["train", "--model", model, "--out", str(tmp_path / "r"), *QUICK]) == 2
     one_line_error(capsys, words)
@@ -83,13 +95,48 @@ def test_continuation_without_parent_is_one_line(tmp_path, capsys):
     one_line_error(capsys, "parent")
 
 
-def test_sigint_says_the_run_can_be_resumed(tmp_path, capsys, monkeypatch):
+@pytest.fixture()
+def sigint_restored():
+    """main() leaves a quiet-exit SIGINT handler behind after an interrupt (the process is
+    ending); this test process is not, so the handler is put back."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_sigint_says_the_run_can_be_resumed(tmp_path, capsys, monkeypatch, sigint_restored):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(training, "fit", interrupted)
     assert main(["train", "--out", str(tmp_path / "r"), *QUICK]) == 130
     one_line_error(capsys, "same command", "resume")
+
+
+def test_sigint_during_analyze_does_not_promise_a_resume(tiny_run, tmp_path, capsys, monkeypatch, sigint_restored):
+    import circuitfade.viz.report as report
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "analyze", interrupted)
+    assert main(["analyze", str(tiny_run), "--out", str(tmp_path / "o" / "a.html"), "--quiet"]) == 130
+    err = one_line_error(capsys, "circuitfade analyze: interrupted")
+    assert "run the same command again to resume" not in err and "checkpoints are kept" not in err
+
+
+def test_sigint_during_screen_does_not_promise_a_resume(tiny_run, tmp_path, capsys, monkeypatch, sigint_restored):
+    import circuitfade.viz.screens as screens
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(screens, "run", interrupted)
+    assert main(["screen", str(tiny_run), "--out", str(tmp_path / "s" / "screen.html"), "--quiet"]) == 130
+    err = one_line_error(capsys, "circuitfade screen: interrupted")
+    assert "resume" not in err
 
 
 def test_delegated_command_errors_are_one_line(tmp_path, capsys, monkeypatch):
@@ -218,3 +265,106 @@ def test_reproduce_refuses_a_missing_runs_folder(tmp_path, capsys, monkeypatch):
     assert _paper(["reproduce", "controls", "--tables-only", "--runs", str(tmp_path / "nope"), "--out", "o"]) == 2
     one_line_error(capsys, "--runs")
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------------------
+# counts that would start no work, or work the user did not ask for
+# --------------------------------------------------------------------------------------
+def _study(prog, main_fn, argv):
+    from studies.common import study_main
+
+    return study_main(prog, main_fn, argv)
+
+
+@pytest.mark.parametrize("study, flag, value", [
+    ("alignment", "--workers", "0"), ("alignment", "--workers", "-2"), ("history", "--threads", "0"),
+    ("static", "--workers", "0"), ("removability", "--workers", "0"), ("reproduce", "--workers", "0"),
+    ("reproduce", "--large-seeds", "-1"),
+])
+def test_study_counts_below_one_start_no_work(tmp_path, capsys, monkeypatch, study, flag, value):
+    import studies.alignment.report as alignment
+    import studies.history.study as history
+    import studies.paper.reproduce as reproduce
+    import studies.paper.static_baselines as static
+    import studies.removability.map as removability
+
+    monkeypatch.chdir(tmp_path)
+
+    def started(*a, **k):
+        pytest.fail("work started")
+
+    for module, name in [(alignment, "run"), (history, "run"), (static, "run"), (removability, "run_sweep"),
+                         (reproduce, "reproduce")]:
+        monkeypatch.setattr(module, name, started)
+    mains = {"alignment": alignment.main, "history": history.main, "static": static.main,
+             "removability": removability.main, "reproduce": reproduce.main}
+    assert _study("python -m studies." + study, mains[study], [flag, value, "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, flag, value)
+    assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------------------
+# train --config FILE: a RunConfig from a file, command-line flags on top
+# --------------------------------------------------------------------------------------
+RUN_FILE = {"path": "unforced", "task": {"name": "assoc", "n_pairs": 3}, "model": {"n_layers": 1},
+            "train": {"steps": 4, "eval_every": 2, "checkpoint_every": 2, "lr": 0.002, "batch_size": 8,
+                      "eval_size": 32}, "seed": 7}
+
+
+def _printed(capsys, argv) -> dict:
+    capsys.readouterr()
+    assert main(["train", *argv, "--print-config"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_train_reads_a_config_file_and_flags_override_it(tmp_path, capsys):
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps(RUN_FILE))
+    d = _printed(capsys, ["--config", str(f)])
+    assert RunConfig.from_dict(d) == RunConfig.from_dict(RUN_FILE)
+    d = _printed(capsys, ["--config", str(f), "--seed", "8", "--steps", "6", "--model", '{"d_model": 32}',
+                          "--task-arg", "n_keys=5", "--path", "fade2->0"])
+    assert d["seed"] == 8 and d["path"] == "fade2->0"
+    assert d["train"]["steps"] == 6 and d["train"]["lr"] == 0.002 and d["train"]["batch_size"] == 8
+    assert d["model"] == {"n_layers": 1, "d_model": 32}
+    assert d["task"] == {"name": "assoc", "n_pairs": 3, "n_keys": 5}
+    assert _printed(capsys, ["--config", str(f), "--task", "markov"])["task"] == {"name": "markov"}
+    out = tmp_path / "r"
+    assert main(["train", "--config", str(f), "--out", str(out), "--quiet"]) == 0
+    assert RunConfig.from_dict(json.loads((out / "config.json").read_text())) == RunConfig.from_dict(RUN_FILE)
+
+
+def test_train_reads_a_yaml_config_file(tmp_path, capsys, monkeypatch):
+    import sys
+
+    f = tmp_path / "run.yaml"
+    f.write_text("path: unforced\nseed: 7\ntrain:\n  steps: 4\n  lr: 0.002\n")
+    try:
+        import yaml  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        d = _printed(capsys, ["--config", str(f)])
+        assert d["path"] == "unforced" and d["seed"] == 7 and d["train"]["lr"] == 0.002
+    monkeypatch.setitem(sys.modules, "yaml", None)  # PyYAML not installed
+    assert main(["train", "--config", str(f), "--print-config"]) == 2
+    one_line_error(capsys, "run.yaml", "PyYAML")
+
+
+@pytest.mark.parametrize("content, words", [
+    (None, ["no such file"]),
+    ("{not json", ["not valid JSON", "line 1"]),
+    ("[1, 2]", ["expected an object"]),
+    ('{"pth": "unforced"}', ["unknown run config fields", "pth"]),
+    ('{"train": {"lrr": 0.1}}', ["unknown TrainConfig fields", "lrr"]),
+    ('{"train": {"lr": -1}}', ["lr"]),
+    ('{"model": {"dtype": "float16"}}', ["float16"]),
+    ('{"task": "assoc"}', ["'task' must be an object"]),
+])
+def test_bad_config_files_are_one_line_naming_the_file(tmp_path, capsys, content, words):
+    f = tmp_path / "run.json"
+    if content is not None:
+        f.write_text(content)
+    assert main(["train", "--config", str(f), "--out", str(tmp_path / "r"), *QUICK]) == 2
+    one_line_error(capsys, "run.json", *words)
+    assert not (tmp_path / "r").exists()

@@ -5,6 +5,7 @@ Each test plants the failure it checks (no sleeps, no network)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -212,6 +213,11 @@ def test_train_config_rejects_bad_values(kw, match):
     ({"d_model": -4}, "d_model"),
     ({"dtype": "nonsense"}, "dtype"),
     ({"gate_init": float("nan")}, "gate_init"),
+    ({"dtype": "float16"}, "dtype.*float16"),
+    ({"dtype": "bfloat16"}, "dtype.*bfloat16"),
+    ({"dtype": "int64"}, "dtype.*int64"),
+    ({"d_mlp": -3, "attn_only": False}, "d_mlp"),
+    ({"device": "meta"}, "device.*meta"),
 ])
 def test_run_config_validates_the_model_when_made(model, match):
     with pytest.raises(ValueError, match=match):
@@ -235,63 +241,118 @@ def test_task_model_mismatch_found_at_setup_naming_both_sides(tmp_path, task, mo
 
 
 # --------------------------------------------------------------------------------------
-# 8. the run lock
+# 8. the run lock: an OS lock (flock) on RUN/.lock, released by the kernel when its holder dies
 # --------------------------------------------------------------------------------------
-class _OsWithWindow:
-    """``os`` as the trainer sees it, running ``window()`` once, right after ``.lock`` first
-    appears with content other than ``planted`` (the moment a competitor could fall into);
-    while ``pretend`` is set, ``getpid()`` answers it (a second process, in this process)."""
+def test_two_holders_never_hold_one_run_lock(tmp_path):
+    """flock locks belong to an open file, so a second run_lock in this very process is a
+    second writer and must be refused while the first holds the lock."""
+    d = tmp_path / "r"
+    d.mkdir()
+    with locking.run_lock(d):
+        assert (d / ".lock").read_text() == str(os.getpid())
+        with pytest.raises(locking.RunLocked, match=f"being trained by process {os.getpid()}"):
+            with locking.run_lock(d):
+                pytest.fail("a second writer got the lock")
+    assert not (d / ".lock").exists()
+    with locking.run_lock(d):  # released: the next writer gets it
+        pass
 
-    def __init__(self, lock: Path, window, planted: str | None):
-        self._lock, self._window, self._planted, self.fired, self.pretend = lock, window, planted, False, None
+
+class _OsWithWindow:
+    """``os`` as the lock module sees it, running ``window()`` once, right after the lock
+    file is first opened (before it is locked): the moment a releasing holder or a
+    competitor could act."""
+
+    def __init__(self, window):
+        self._window, self.opens = window, 0
 
     def __getattr__(self, name):
-        if name == "getpid" and self.pretend is not None:
-            return lambda: self.pretend
         real = getattr(os, name)
-        if not callable(real):
+        if name != "open":
             return real
 
-        def call(*a, **k):
-            out = real(*a, **k)
-            if not self.fired and self._lock.exists() and self._lock.read_text() != self._planted:
-                self.fired = True
+        def open_then_window(*a, **k):
+            fd = real(*a, **k)
+            self.opens += 1
+            if self.opens == 1:
                 self._window()
-            return out
-        return call
+            return fd
+        return open_then_window
 
 
-@pytest.mark.parametrize("stale", [False, True])
-def test_lock_is_never_visible_without_its_owner(tmp_path, monkeypatch, stale):
-    """Plant a competitor (another live pid) in the moment the lock file appears, fresh or
-    replacing a dead process's lock: it must see our pid and be refused."""
+def test_lock_on_a_file_its_holder_just_released_is_retried(tmp_path, monkeypatch):
+    """A holder releases (unlinks .lock, then closes it) after we opened the old file and before
+    we lock it, and a third writer takes a fresh .lock in between: our flock on the old,
+    unlinked file must not count - we must see that .lock is another file now and be refused."""
     d = tmp_path / "r"
     d.mkdir()
     lock = d / ".lock"
-    planted = "999999999" if stale else None
-    if stale:
-        lock.write_text(planted)
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
     seen = {}
-    fake = _OsWithWindow(lock, lambda: window(), planted)
 
     def window():
-        seen["content"] = lock.read_text()
-        fake.pretend = os.getppid()  # a live process that is not us
-        try:
-            with locking.run_lock(d):
-                seen["competitor"] = "ACQUIRED"
-        except RuntimeError as e:
-            seen["competitor"] = f"REFUSED {e}"
-        finally:
-            fake.pretend = None
+        lock.unlink()  # the holder releases: unlink while holding, then close
+        os.close(holder)
+        third = os.open(lock, os.O_RDWR | os.O_CREAT)  # a third writer takes the new file
+        fcntl.flock(third, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(third, b"4242")
+        seen["third"] = third
 
+    fake = _OsWithWindow(window)
     monkeypatch.setattr(locking, "os", fake)
+    with pytest.raises(locking.RunLocked, match="process 4242"):
+        with locking.run_lock(d):
+            pytest.fail("two writers hold the lock")
+    assert fake.opens == 2  # it locked the unlinked file, saw that, and tried the current one
+    os.close(seen["third"])
+    monkeypatch.setattr(locking, "os", os)
+    with locking.run_lock(d):  # the third writer is gone: free
+        pass
+
+
+def test_lock_file_left_by_a_dead_or_unrelated_process_is_no_lock(tmp_path):
+    """A .lock that names a live process which does not hold it (a crashed trainer's pid,
+    reused by an unrelated process) does not block the run."""
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / ".lock").write_text(str(os.getppid()))  # a live process that holds no lock
     with locking.run_lock(d):
-        assert lock.read_text() == str(os.getpid())
-    assert seen, "the window was never reached"
-    assert seen["content"] == str(os.getpid())
-    assert seen["competitor"].startswith("REFUSED") and str(os.getpid()) in seen["competitor"], seen["competitor"]
-    assert not lock.exists()
+        assert (d / ".lock").read_text() == str(os.getpid())
+
+
+_HOLD_LOCK = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("lock", sys.argv[1])  # the lock module alone: stdlib only
+lock = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lock)
+with lock.run_lock(sys.argv[2]):
+    print("locked", flush=True)
+    sys.stdin.read()  # hold it until killed
+"""
+
+
+def test_lock_is_released_when_its_holder_is_killed(tmp_path):
+    import select
+    import subprocess
+    import sys
+
+    d = tmp_path / "r"
+    d.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, locking.__file__, str(d)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], 60)
+        assert ready and child.stdout.readline() == b"locked\n", child.stderr.read()
+        with pytest.raises(locking.RunLocked, match=f"process {child.pid}"):
+            with locking.run_lock(d):
+                pytest.fail("two writers hold the lock")
+    finally:
+        child.kill()
+        child.wait()
+    assert (d / ".lock").exists()  # killed: it never unlinked its lock file ...
+    with locking.run_lock(d):  # ... but the kernel released the lock
+        assert (d / ".lock").read_text() == str(os.getpid())
 
 
 # --------------------------------------------------------------------------------------
@@ -300,20 +361,37 @@ def test_lock_is_never_visible_without_its_owner(tmp_path, monkeypatch, stale):
 def test_kill_during_first_config_write_does_not_brick_the_directory(tmp_path):
     d = tmp_path / "r"
     d.mkdir()
-    (d / ".config.json.k1ll3d.tmp").write_bytes(b'{"path": "unf')  # what SIGKILL mid-write leaves
+    (d / ".config.json.0a1b2c3d.cftmp").write_bytes(b'{"path": "unf')  # what SIGKILL mid-write leaves
     run = train(cfg(steps=5), d, progress=False)
     assert run.step == 5 and (d / "done.json").is_file()
-    assert not list(d.rglob("*.tmp"))
+    assert not list(d.rglob("*.cftmp"))
 
 
-def test_orphaned_tmp_files_are_cleaned_on_resume(tmp_path):
+def test_orphaned_temp_files_are_cleaned_on_resume_and_nothing_else(tmp_path):
     d = tmp_path / "r"
     train(cfg(steps=5), d, progress=False)
     (d / "done.json").unlink()
-    orphan = d / "checkpoints" / ".step_000005.safetensors.abc.tmp"
+    orphan = d / "checkpoints" / ".step_000005.safetensors.0a1b2c3d.cftmp"
     orphan.write_bytes(b"half")
+    mine = [d / ".notes.tmp", d / "checkpoints" / ".draft.tmp", d / ".x.0a1b2c3d.tmp", d / "notes.0a1b2c3d.cftmp"]
+    for f in mine:
+        f.write_text("the user's")
     train(cfg(steps=5), d, progress=False)
     assert not orphan.exists()
+    assert all(f.read_text() == "the user's" for f in mine)  # not written by this code: kept
+
+
+def test_atomic_write_temp_files_have_the_recognised_pattern(tmp_path, monkeypatch):
+    from circuitfade.io import is_temp_file
+
+    seen = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: seen.append(Path(a).name) or real_replace(a, b))
+    atomic_write(tmp_path / "config.json", b"{}")
+    assert len(seen) == 1 and seen[0].startswith(".config.json.") and seen[0].endswith(".cftmp")
+    assert is_temp_file(seen[0])
+    assert not any(is_temp_file(n) for n in (".notes.tmp", ".config.json.abc.tmp", "config.json", ".lock",
+                                             ".config.json.0A1B2C3D.cftmp", ".config.json.0a1b.cftmp"))
 
 
 def test_foreign_files_still_refused(tmp_path):

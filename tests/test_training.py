@@ -39,7 +39,7 @@ def test_run_directory_layout_and_schedule_followed(tmp_path):
     assert last.acc_normal == last.acc_zero and last.loss_normal == last.loss_zero
     assert {"acc_param", "acc_half", "train_loss"} <= set(m.columns)
     assert (tmp_path / "r" / "done.json").is_file()
-    assert not list((tmp_path / "r").rglob("*.tmp"))
+    assert not list((tmp_path / "r").rglob("*.tmp")) and not list((tmp_path / "r").rglob("*.cftmp"))
 
 
 def test_gate_follows_schedule_each_step(monkeypatch):
@@ -199,16 +199,23 @@ def test_linreg_trains_with_real_inputs_and_mse_metrics():
 
 
 def test_run_directory_lock(tmp_path):
+    import fcntl
     import os
 
     train(cfg(steps=10), tmp_path / "r", progress=False)
     (tmp_path / "r" / "done.json").unlink()
-    (tmp_path / "r" / ".lock").write_text(str(os.getppid()))  # a live process that is not us
-    with pytest.raises(RuntimeError, match="being trained by process"):
-        train(cfg(steps=10), tmp_path / "r", progress=False)
-    (tmp_path / "r" / ".lock").write_text("999999999")  # a dead pid: stale lock, taken over
+    lock = tmp_path / "r" / ".lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)  # another holder (locks are per open file)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, b"4242")
+    try:
+        with pytest.raises(RuntimeError, match="being trained by process 4242"):
+            train(cfg(steps=10), tmp_path / "r", progress=False)
+    finally:
+        os.close(fd)  # the holder exits (or dies): the kernel releases its lock
+    assert lock.exists()  # a lock file nobody holds is no lock
     train(cfg(steps=10), tmp_path / "r", progress=False)
-    assert not (tmp_path / "r" / ".lock").exists()
+    assert not lock.exists()
 
 
 # ------------------------------------------------------------------ optional loggers

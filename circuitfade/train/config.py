@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
+
+import torch
 
 from circuitfade import __version__
 from circuitfade.gating.evaluation import CONDITIONS
@@ -20,7 +22,8 @@ from circuitfade.model import SoftPriorConfig
 from circuitfade.model.devices import check_device_name
 from circuitfade.tasks import EVAL_SIZE, Task, make_task
 
-__all__ = ["TrainConfig", "RunConfig", "TrainingDiverged", "checkpoint_steps", "is_checkpoint_step", "MAX_SEED"]
+__all__ = ["TrainConfig", "RunConfig", "TrainingDiverged", "checkpoint_steps", "is_checkpoint_step", "MAX_SEED",
+           "TRAIN_DTYPES", "check_trainable", "check_task_fits"]
 
 MAX_SEED = 2**62  # seeds (and seed + small offsets) must fit torch's 64-bit generator seed
 
@@ -105,7 +108,13 @@ class RunConfig:
         object.__setattr__(self, "mix", {k: str(v) for k, v in dict(self.mix).items()})
         object.__setattr__(self, "model", dict(self.model))
         if isinstance(self.train, Mapping):
+            unknown = sorted(set(self.train) - {f.name for f in fields(TrainConfig)})
+            if unknown:
+                raise ValueError(f"RunConfig.train: unknown TrainConfig fields {unknown}; known: "
+                                 f"{[f.name for f in fields(TrainConfig)]}")
             object.__setattr__(self, "train", TrainConfig(**self.train))
+        elif not isinstance(self.train, TrainConfig):
+            raise ValueError(f"RunConfig.train must be a TrainConfig or a mapping of its fields, got {self.train!r}")
         if "name" not in self.task:
             raise ValueError("RunConfig.task needs a 'name' (e.g. {'name': 'assoc'})")
         # the specs are parsed once, here (the spec strings stay the config's JSON form)
@@ -126,8 +135,14 @@ class RunConfig:
                 f"path {self.path!r} continues a {path.continue_from!r} run and needs a parent checkpoint: "
                 "use branch(parent_dir, step, out, path=...) or circuitfade.train.sweep.child_of(...)"
             )
+        device = self.model.get("device")
+        if device not in (None, "cpu"):
+            raise ValueError(f"RunConfig.model.device: where a run trains is TrainConfig.device (--device), "
+                             f"not a model field; got {device!r}")
         task = self.make_task()
-        check_task_fits(task, self.model_config(task))  # model config errors surface now, naming the field
+        mc = self.model_config(task)  # model config errors surface now, naming the field
+        check_trainable(mc)
+        check_task_fits(task, mc)
 
     def gate_path(self) -> GatePath:
         """The parsed gate path (parsed once, at construction)."""
@@ -184,6 +199,20 @@ class RunConfig:
 
     def same_run(self, other: "RunConfig") -> bool:
         return json.dumps(self.identity(), sort_keys=True) == json.dumps(other.identity(), sort_keys=True)
+
+
+TRAIN_DTYPES = (torch.float32, torch.float64)
+"""The dtypes the trainer trains in (half precision is not supported by the soft-prior attention)."""
+
+
+def check_trainable(mc: SoftPriorConfig) -> None:
+    """Raise ``ValueError`` naming the field unless the trainer can train a model of config ``mc``:
+    dtype in :data:`TRAIN_DTYPES`, and a positive ``d_mlp`` when the model has MLPs."""
+    if mc.dtype not in TRAIN_DTYPES:
+        raise ValueError(f"RunConfig.model.dtype: the trainer trains in float32 or float64, got "
+                         f"{str(mc.dtype).removeprefix('torch.')}")
+    if not mc.attn_only and (isinstance(mc.d_mlp, bool) or not isinstance(mc.d_mlp, int) or mc.d_mlp < 1):
+        raise ValueError(f"RunConfig.model.d_mlp must be a positive integer when attn_only is false, got {mc.d_mlp!r}")
 
 
 def check_task_fits(task: Task, mc: SoftPriorConfig) -> None:

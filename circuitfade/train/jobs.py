@@ -10,6 +10,11 @@ use it, so a pool's three hard parts are solved once:
 * **workers die with their parent**: on Linux each worker asks the kernel to kill it when the
   process that started it exits (``PR_SET_PDEATHSIG``), so a SIGTERM or SIGKILL to a sweep
   or the demo leaves no orphan training queued runs.
+* **Ctrl-C stops the pool, not just the current jobs**: workers ignore SIGINT (the terminal
+  sends it to the whole process group); the parent, on ``KeyboardInterrupt`` (or any other
+  exception), cancels the queued jobs and kills its workers before re-raising, so it never
+  waits for the rest of a sweep to train (the trainer's files are written atomically and its
+  run lock is released by the kernel, so a killed worker leaves nothing half-done).
 * **one thread per worker** is the caller's business (the trainer pins it); the pool uses
   the ``spawn`` start method, so nothing of the parent's state leaks into a worker.
 
@@ -24,7 +29,7 @@ import os
 import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
+from multiprocessing import active_children, get_context
 from typing import Any, Callable, Iterator, Sequence
 
 __all__ = ["run_jobs", "WorkerLost", "LOST_WORKER"]
@@ -37,7 +42,9 @@ class WorkerLost(RuntimeError):
 
 
 def _die_with_parent(parent: int) -> None:
-    """Pool initializer: ask Linux to SIGKILL this worker when its parent exits."""
+    """Pool initializer: ignore Ctrl-C (the parent handles it) and ask Linux to SIGKILL this
+    worker when its parent exits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import ctypes
 
@@ -50,9 +57,21 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                               initializer=_die_with_parent, initargs=(os.getpid(),))
+class _Pool:
+    """A spawned ``ProcessPoolExecutor`` that knows its worker processes (the children of this
+    process that appeared after it was made), so :meth:`kill` can stop them."""
+
+    def __init__(self, workers: int):
+        self._before = set(active_children())
+        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                            initializer=_die_with_parent, initargs=(os.getpid(),))
+
+    def kill(self) -> None:
+        """Cancel the queued jobs and SIGKILL the workers (running jobs end where they are)."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        for p in set(active_children()) - self._before:
+            p.kill()
+        self.executor.shutdown(wait=True)
 
 
 def _raise_lost(job: Any) -> Any:
@@ -81,8 +100,9 @@ def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], *, workers: int = 1,
         return
     timeout = wait_s if on_wait is not None else None
     broken: list[int] = []
-    with _pool(min(workers, len(jobs))) as pool:
-        futs = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
+    pool = _Pool(min(workers, len(jobs)))
+    try:
+        futs = {pool.executor.submit(fn, job): i for i, job in enumerate(jobs)}
         pending = set(futs)
         while pending:
             done, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
@@ -95,22 +115,31 @@ def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], *, workers: int = 1,
                     broken.append(futs[f])
                     continue
                 yield futs[f], res
+    except BaseException:  # Ctrl-C, an error re-raised from fn, the caller closing the generator
+        pool.kill()
+        raise
+    pool.executor.shutdown(wait=True)
     # isolation: one single-worker pool per job, so a death is that job's own
     queue, running = list(broken), {}
-    while queue or running:
-        while queue and len(running) < workers:
-            i = queue.pop(0)
-            p = _pool(1)
-            running[p.submit(fn, jobs[i])] = (p, i)
-        done, _ = wait(set(running), timeout=timeout, return_when=FIRST_COMPLETED)
-        if on_wait is not None:
-            on_wait()
-        for f in done:
-            p, i = running.pop(f)
-            try:
-                res = f.result()
-            except BrokenProcessPool:
-                res = on_lost(jobs[i])
-            finally:
-                p.shutdown(wait=True)
-            yield i, res
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                i = queue.pop(0)
+                p = _Pool(1)
+                running[p.executor.submit(fn, jobs[i])] = (p, i)
+            done, _ = wait(set(running), timeout=timeout, return_when=FIRST_COMPLETED)
+            if on_wait is not None:
+                on_wait()
+            for f in done:
+                p, i = running.pop(f)
+                try:
+                    res = f.result()
+                except BrokenProcessPool:
+                    res = on_lost(jobs[i])
+                finally:
+                    p.executor.shutdown(wait=True)
+                yield i, res
+    except BaseException:
+        for p, _ in running.values():
+            p.kill()
+        raise

@@ -1,103 +1,101 @@
-"""One trainer per run directory: the ``.lock`` file and :class:`RunLocked`."""
+"""One trainer per run directory: an OS lock on the ``.lock`` file and :class:`RunLocked`.
+
+The trainer holds an exclusive ``flock`` on ``RUN/.lock`` for the run's lifetime. The
+kernel releases it when the holder's file is closed, which includes the holder's death
+(killed, out of memory, power-cycled container): there is no stale lock to take over and no
+process id to trust. The holder's pid is written into the file for the messages only.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
-__all__ = ["RunLocked", "run_lock", "pid_alive"]
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
+
+__all__ = ["RunLocked", "run_lock", "LOCK_FILE"]
+
+LOCK_FILE = ".lock"
 
 
 class RunLocked(RuntimeError):
     """Another live process is training this run directory."""
 
 
-
-def pid_alive(pid: int) -> bool:
+def _holder(fd: int) -> str:
+    """The pid written in the lock file open as ``fd`` (for messages), or ``"?"``."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    except OSError:  # pragma: no cover
+        return "?"
+    return text if text.isdigit() else "?"
 
 
-def _lock_owner(lock: Path) -> int | None:
-    """The pid in ``lock`` (0 if the file is empty or garbage), or ``None`` if there is no lock."""
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (it was not unlinked or replaced)."""
     try:
-        text = lock.read_text().strip()
+        st = os.stat(path)
     except FileNotFoundError:
-        return None
-    return int(text) if text.isdigit() else 0
-
-
-def _live_other(pid: int | None) -> bool:
-    return bool(pid) and pid != os.getpid() and pid_alive(pid)
-
-
-@contextlib.contextmanager
-def _dir_mutex(folder: Path):
-    """An exclusive ``flock`` on ``folder`` (released by the kernel if we die): serialises lock takeovers."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the flock
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path):
-    """One trainer per run directory: ``.lock`` holds the owner's pid from the moment it exists.
+    """Hold the run directory's lock while the block runs; :class:`RunLocked` if another holds it.
 
-    The pid is written to a private temp file first, which is then hard-linked to
-    ``.lock`` (fails if a lock exists) - so no process ever sees an empty lock. A
-    lock whose pid is dead (or empty/garbage, from an older version) is stale: it
-    is replaced by an atomic rename, under an ``flock`` on the directory so that two
-    processes taking over the same stale lock cannot both win.
+    ``RUN/.lock`` is opened (created if absent) and locked with a non-blocking exclusive
+    ``flock``. A holder unlinks the file before closing it, so a process that opened the
+    old file and locks it after the release finds that ``.lock`` is no longer the file it
+    locked (checked by device and inode) and tries again on the new one: two processes never
+    both hold the lock of one directory. Locks are per open file, so a second
+    ``run_lock`` on the same directory in the same process is refused too.
     """
     run_dir = Path(run_dir)
-    lock = run_dir / ".lock"
-    me = os.getpid()
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".lock.{me}.", suffix=".pid")
+    lock = run_dir / LOCK_FILE
+    if fcntl is None:  # pragma: no cover - not POSIX: an exclusive create, removed on exit
+        with _exclusive_create(lock, run_dir):
+            yield
+        return
+    for _ in range(100):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunLocked(f"{run_dir} is being trained by process {holder} (it holds {lock})") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, lock):
+            break
+        os.close(fd)  # we locked a file its holder had just unlinked: lock the current one
+    else:  # pragma: no cover - would need 100 lost races in a row
+        raise RunLocked(f"could not lock {run_dir}")
     try:
-        os.write(fd, str(me).encode())
-        os.fsync(fd)
-        os.close(fd)
-        for _ in range(100):
-            try:
-                os.link(tmp, lock)
-                break
-            except FileExistsError:
-                pass
-            owner = _lock_owner(lock)
-            if owner is None:
-                continue  # released in the meantime: try to create it again
-            if _live_other(owner):
-                raise RunLocked(f"{run_dir} is being trained by process {owner} (remove {lock} if that is wrong)")
-            with _dir_mutex(run_dir):
-                owner = _lock_owner(lock)
-                if owner is None:
-                    continue
-                if _live_other(owner):
-                    raise RunLocked(f"{run_dir} is being trained by process {owner} (remove {lock} if that is wrong)")
-                os.replace(tmp, lock)  # the stale lock is replaced by ours in one step
-                break
-        else:  # pragma: no cover - would need 100 lost races in a row
-            raise RunLocked(f"could not lock {run_dir}")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        if _lock_owner(lock) == me:
-            lock.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)  # while still holding it: a waiter on this file then retries
+        os.close(fd)  # releases the flock
+
+
+@contextlib.contextmanager
+def _exclusive_create(lock: Path, run_dir: Path):  # pragma: no cover - not POSIX
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        raise RunLocked(f"{run_dir} is locked ({lock} exists; remove it if no process trains this run)") from None
+    try:
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        yield
+    finally:
+        lock.unlink(missing_ok=True)

@@ -45,6 +45,8 @@ from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.devices import resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
 from circuitfade.train.checkpoints import (
+    CKPT_DIR,
+    checkpoint_name,
     clean_scratch,
     complete_checkpoints,
     dir_state,
@@ -199,11 +201,15 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
 
     Guarantees: one torch thread while computing (the caller's setting is
     restored); a finished run is returned without writing anything (so it can be
-    re-requested from a read-only copy); otherwise the directory is locked
-    (``.lock`` with the owner's pid, created atomically; a dead owner's lock is
-    taken over), temp files of killed writers are removed, and a run that
-    diverges raises :class:`TrainingDiverged` and is recorded in ``failed.json``
-    (asking for it again raises the same error rather than retraining).
+    re-requested from a read-only copy); otherwise the directory is locked (an OS
+    lock on ``.lock``, released by the kernel when the holder exits or dies), temp
+    files of killed writers (``.NAME.XXXXXXXX.cftmp``, nothing else) are removed, and
+    a run that diverges raises :class:`TrainingDiverged` and is recorded in
+    ``failed.json`` (asking for it again raises the same error rather than
+    retraining). A run resumes from its last complete checkpoint only if that
+    checkpoint is verifiably this run's at that step (:func:`load_checkpoint`);
+    otherwise :class:`~circuitfade.io.CheckpointError` names the file, and nothing
+    is trained or written (a corrupt input is never recorded as a divergence).
     """
     resolve_device(cfg.train.device)  # an unavailable device fails before anything is written
     with one_thread():
@@ -239,6 +245,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
                 write_json(run_dir / "config.json", cfg.to_dict())
             run = new_run(cfg)
             done = complete_checkpoints(run_dir)
+            if done and done[-1] > cfg.train.steps:
+                raise CheckpointError(f"{run_dir / CKPT_DIR / checkpoint_name(done[-1])}: step {done[-1]} is past "
+                                      f"the run's end (steps={cfg.train.steps}); it is not this run's checkpoint")
             if done:
                 load_checkpoint(run, run_dir, done[-1])
                 if state == "done" and run.step == cfg.train.steps:

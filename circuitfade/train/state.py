@@ -8,17 +8,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
 
+from circuitfade.io import CheckpointError
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.devices import resolve_device
 from circuitfade.train.config import RunConfig, TrainConfig
 
 __all__ = ["Run", "new_run", "clone_run", "make_optimizer", "apply_hparams", "one_thread",
-           "optimizer_to_tensors", "optimizer_from_tensors"]
+           "optimizer_to_tensors", "optimizer_from_tensors", "check_optimizer_tensors", "ADAMW_STATE"]
+
+ADAMW_STATE = ("exp_avg", "exp_avg_sq", "step")
+"""The optimizer state kept per parameter (AdamW without amsgrad), saved as ``optim.<index>.<key>``."""
 
 
 def optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -29,6 +34,65 @@ def optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
             tensors[f"optim.{idx}.{key}"] = torch.as_tensor(val)
     groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
     return tensors, {"param_groups": json.dumps(groups)}
+
+
+def check_optimizer_tensors(opt: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, str],
+                            source: str, step: int, required: tuple[int, ...] = ()) -> None:
+    """Raise :class:`~circuitfade.io.CheckpointError` naming ``source`` unless the ``optim.*``
+    tensors and ``param_groups`` metadata are a state :func:`optimizer_from_tensors` can load
+    into ``opt`` for global step ``step``.
+
+    Checked: every ``optim.<i>.<key>`` names a parameter index ``i`` of ``opt`` and a key of
+    :data:`ADAMW_STATE`; each index present has all three keys; ``exp_avg`` and
+    ``exp_avg_sq`` have the parameter's shape and dtype and finite values; ``step`` is a
+    scalar whole number in ``[1, step]`` (a parameter is stepped at most once per global
+    step); every index in ``required`` is present; ``param_groups`` is JSON naming each
+    parameter index exactly once.
+    """
+    params = [p for g in opt.param_groups for p in g["params"]]
+    seen: dict[int, set[str]] = {}
+    for name, t in tensors.items():
+        if not name.startswith("optim."):
+            continue
+        parts = name.split(".", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= len(params) or parts[2] not in ADAMW_STATE:
+            raise CheckpointError(f"{source}: unexpected optimizer tensor {name!r} (expected optim.<index>."
+                                  f"{{{'|'.join(ADAMW_STATE)}}} with index < {len(params)}, the model's parameters)")
+        i, key = int(parts[1]), parts[2]
+        p = params[i]
+        if key == "step":
+            v = float(t) if t.dim() == 0 and t.is_floating_point() else math.nan
+            if not (math.isfinite(v) and v == int(v) and 1 <= v <= step):
+                raise CheckpointError(f"{source}: {name} should be a scalar step count in [1, {step}], got "
+                                      f"{tuple(t.shape)} {t.dtype} {t.flatten()[:1].tolist()}")
+        else:
+            if tuple(t.shape) != tuple(p.shape) or t.dtype != p.dtype:
+                raise CheckpointError(f"{source}: {name} has shape {tuple(t.shape)} {t.dtype}; the parameter it "
+                                      f"belongs to has {tuple(p.shape)} {p.dtype}")
+            if not bool(torch.isfinite(t).all()):
+                raise CheckpointError(f"{source}: {name} holds non-finite values (a corrupt file: the trainer "
+                                      "never writes them)")
+        seen.setdefault(i, set()).add(key)
+    partial = sorted(i for i, keys in seen.items() if keys != set(ADAMW_STATE))
+    if partial:
+        i = partial[0]
+        raise CheckpointError(f"{source}: optimizer state of parameter {i} is incomplete: has "
+                              f"{sorted(seen[i])}, expected {list(ADAMW_STATE)}")
+    missing = [i for i in required if i not in seen]
+    if missing:
+        raise CheckpointError(f"{source}: no optimizer state for {len(missing)} parameters (indices "
+                              f"{missing[:6]}) at step {step}; every parameter but the gate logits has it "
+                              "after the first step")
+    if "param_groups" not in meta:
+        raise CheckpointError(f"{source}: no 'param_groups' metadata (the optimizer's settings)")
+    try:
+        groups = json.loads(meta["param_groups"])
+        ids = sorted(i for g in groups for i in g["params"])
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{source}: 'param_groups' metadata is not the optimizer's settings ({e})") from None
+    if ids != list(range(len(params))) or len(groups) != len(opt.param_groups):
+        raise CheckpointError(f"{source}: 'param_groups' metadata names parameters {ids[:6]}...; the model has "
+                              f"{len(params)} in {len(opt.param_groups)} group(s)")
 
 
 def optimizer_from_tensors(opt: torch.optim.Optimizer, tensors: Mapping, meta: Mapping) -> None:

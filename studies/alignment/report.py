@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
+from circuitfade.cli import check_count
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment import anneal, cure, fdt, ignition, occupation, precursor
@@ -123,6 +124,7 @@ def build_parser(prog: str = "python -m studies.alignment") -> argparse.Argument
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    check_count("--workers", ns.workers)
     res = run(ns.experiments, seeds=ns.seeds, out=ns.out, workers=ns.workers, with_series=ns.with_series,
               progress=not ns.quiet, png=not ns.no_png)
     print(res["markdown"])

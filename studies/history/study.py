@@ -67,6 +67,7 @@ import pandas as pd
 import torch
 
 from circuitfade.claims import Outcome, Verdict, grade, verdict_table
+from circuitfade.cli import check_count
 from circuitfade.io import check_outputs, read_json, write_csv, write_json, write_text
 from circuitfade.stats import t_interval  # the one Student-t interval (re-exported here)
 from circuitfade.viz.html import Section, write_page
@@ -424,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="do not train: rebuild summary.csv and results.md from OUT's per_seed.csv and config.json")
     ap.add_argument("--force", action="store_true", help="with --tables-only: replace OUT's summary.csv and results.md")
     args = ap.parse_args(argv)
+    check_count("--threads", args.threads)
     if args.tables_only:
         print(rebuild(args.out, force=args.force))
         return 0

@@ -43,6 +43,7 @@ from typing import Iterable, Mapping, Sequence
 import pandas as pd
 
 from circuitfade.claims import Outcome
+from circuitfade.cli import check_count
 from circuitfade.io import write_csv, write_text
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.model.priors import PRIORS
@@ -516,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timing", action="store_true", help="also measure ms per training step per prior")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    check_count("--workers", args.workers)
     out = Path(args.out)
     results, md = run(args.seeds, out, executor=args.executor, workers=args.workers, quick=args.quick,
                       tasks=tuple(args.tasks), progress=not args.no_progress, methods=args.methods,

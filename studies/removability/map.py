@@ -58,6 +58,7 @@ import numpy as np
 import pandas as pd
 
 from circuitfade.analysis.continuation import continuation_signal
+from circuitfade.cli import check_count
 from circuitfade.io import atomic_write, check_outputs, read_json, write_json
 from circuitfade.store import open_run
 from circuitfade.tasks import eval_set
@@ -618,6 +619,7 @@ def _continuation(ns, runs: pd.DataFrame, cells: pd.DataFrame, roots: list[Path]
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    check_count("--workers", ns.workers)
     roots = [Path(r) for r in (ns.runs or ["results/removability/sweep"])]
     out = Path(ns.out)
     outputs = [out / n for n in OUTPUTS]

@@ -1,0 +1,16 @@
+"""Jobs for the process-pool tests (importable by spawned workers): each writes its worker's
+pid to a FIFO the test reads, then blocks reading another FIFO that nobody ever writes to."""
+
+from __future__ import annotations
+
+import os
+
+
+def hold(spec: tuple[str, str]) -> None:
+    """Report this process's pid on FIFO ``spec[0]``, then block forever on FIFO ``spec[1]``."""
+    ready, block = spec
+    fd = os.open(ready, os.O_WRONLY)  # the test keeps the FIFO open, so this does not block
+    os.write(fd, f"{os.getpid()}\n".encode())
+    os.close(fd)
+    with open(block, "rb") as f:  # opening for reading blocks until a writer comes: none does
+        f.read()
