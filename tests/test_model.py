@@ -249,3 +249,10 @@ def test_standard_positional_backbone_and_mlp(tokens):
     m.use_fused = False
     with m.gates(pos=0.0, content=0.0):
         torch.testing.assert_close(m(tokens), ours, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kw,words", [({"dtype": "int8"}, "float32 or float64"), ({"dtype": "float16"}, "half"),
+                                      ({"dtype": "bfloat16"}, "half"), ({"attn_only": False, "d_mlp": -3}, "d_mlp")])
+def test_config_refuses_dtypes_and_mlp_widths_the_forward_cannot_use(kw, words):
+    with pytest.raises(ValueError, match=words):
+        SoftPriorConfig(**kw)

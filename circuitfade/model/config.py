@@ -78,6 +78,12 @@ class SoftPriorConfig(_BackboneConfig):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if isinstance(self.dtype, str):
             self.dtype = _dtype(self.dtype)
+        if self.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be float32 or float64 (the soft-prior forward computes in one floating "
+                             f"dtype; half precision is not supported), got {self.dtype}")
+        if not self.attn_only and self.d_mlp is not None and (
+                isinstance(self.d_mlp, bool) or not isinstance(self.d_mlp, int) or self.d_mlp < 1):
+            raise ValueError(f"d_mlp must be a positive integer when attn_only is false, got {self.d_mlp!r}")
         if isinstance(self.gate_init, bool) or not isinstance(self.gate_init, (int, float)) \
                 or not 0.0 <= float(self.gate_init) <= 1.0:
             raise ValueError(f"gate_init must be a number in [0, 1], got {self.gate_init!r}")
