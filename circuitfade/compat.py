@@ -182,7 +182,7 @@ def plain_model(config, device: str = "cpu", *, init_weights: bool = True, meta:
     ``enable_compatibility_mode(no_processing=True)``: ``HookedTransformer`` hook
     names and shapes, weights as given (no folding). ``init_weights=False`` skips the
     random init (the weights are about to be overwritten); ``meta=True`` builds on
-    the meta device (shapes only, no memory).
+    the meta device (shapes only, no memory). Parameters have ``cfg.dtype`` on both lines.
     """
     cfg = _as_config(config)
     if is_tl4():  # TransformerBridgeConfig has a hand-written __init__: replace() would drop fields
@@ -194,8 +194,8 @@ def plain_model(config, device: str = "cpu", *, init_weights: bool = True, meta:
     if is_tl4():
         from transformer_lens import TransformerBridge
 
-        with where:
-            bridge = TransformerBridge.boot_native(cfg)
+        with where:  # boot_native builds in float32 unless told the dtype (cfg.dtype alone is ignored)
+            bridge = TransformerBridge.boot_native(cfg, dtype=cfg.dtype)
         bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
         return bridge
     from transformer_lens import HookedTransformer
