@@ -175,14 +175,17 @@ def _as_config(config):
 # --------------------------------------------------------------------------------------
 # plain models
 # --------------------------------------------------------------------------------------
-def plain_model(config, device: str = "cpu", *, init_weights: bool = True, meta: bool = False) -> nn.Module:
+def plain_model(config, device: str = "cpu", *, init_weights: bool = True, meta: bool = False,
+                tokenizer=None) -> nn.Module:
     """A plain TransformerLens model for ``config`` (a config object or a dict of its fields).
 
     3.x: ``HookedTransformer(cfg)``. 4.x: ``TransformerBridge.boot_native(cfg)`` with
     ``enable_compatibility_mode(no_processing=True)``: ``HookedTransformer`` hook
     names and shapes, weights as given (no folding). ``init_weights=False`` skips the
     random init (the weights are about to be overwritten); ``meta=True`` builds on
-    the meta device (shapes only, no memory).
+    the meta device (shapes only, no memory). Parameters have ``cfg.dtype`` on both lines.
+    ``tokenizer`` (a Hugging Face tokenizer, optional) is given to the model's constructor
+    (``to_tokens``/``to_string`` then work; a missing pad token becomes the EOS token).
     """
     cfg = _as_config(config)
     if is_tl4():  # TransformerBridgeConfig has a hand-written __init__: replace() would drop fields
@@ -194,14 +197,14 @@ def plain_model(config, device: str = "cpu", *, init_weights: bool = True, meta:
     if is_tl4():
         from transformer_lens import TransformerBridge
 
-        with where:
-            bridge = TransformerBridge.boot_native(cfg)
+        with where:  # boot_native builds in float32 unless told the dtype (cfg.dtype alone is ignored)
+            bridge = TransformerBridge.boot_native(cfg, tokenizer=tokenizer, dtype=cfg.dtype)
         bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
         return bridge
     from transformer_lens import HookedTransformer
 
     with where:
-        return HookedTransformer(cfg, move_to_device=False)
+        return HookedTransformer(cfg, tokenizer, move_to_device=False)
 
 
 def native_state_dict(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

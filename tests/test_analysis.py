@@ -10,8 +10,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuitfade import compat
 from circuitfade.analysis import (
     ABLATION_IMPORTANCE,
     ABLATION_LOSS_INCREASE,
@@ -46,7 +46,7 @@ def zero_params(model) -> None:
             p.zero_()
 
 
-def copy_circuit() -> HookedTransformer:
+def copy_circuit():
     """2 layers x 3 heads, attention-only, no LayerNorm; residual = [token | position | output] one-hots.
 
     * L0H1 (the circuit): query = last position, key = position 0 (scale 10 each, score
@@ -57,11 +57,10 @@ def copy_circuit() -> HookedTransformer:
     * Layer 1: all zero (uniform attention, no output).
     The unembedding reads only the output block, so the direct path contributes nothing.
     """
-    cfg = HookedTransformerConfig(
+    model = compat.plain_model(dict(
         n_layers=2, d_model=2 * V + P, n_ctx=P, d_head=V, n_heads=3, d_vocab=V,
         attn_only=True, normalization_type=None, positional_embedding_type="standard",
-    )  # fmt: skip
-    model = HookedTransformer(cfg)
+    ))  # fmt: skip
     zero_params(model)
     tok, pos, out = torch.arange(V), torch.arange(P), torch.arange(V + P, 2 * V + P)
     with torch.no_grad():
@@ -160,11 +159,11 @@ def assert_matches_naive(df, ref):
 def test_batched_ablation_equals_naive_loop_on_random_model():
     torch.manual_seed(0)
     task = AssocRecall(AssocRecallConfig(n_pairs=4, n_keys=6, n_values=6, d_vocab=12, max_len=9))
-    cfg = HookedTransformerConfig(
+    model = compat.plain_model(dict(
         n_layers=2, d_model=24, n_ctx=9, d_head=6, n_heads=3, d_vocab=12, d_mlp=32, act_fn="gelu",
-        dtype=torch.float64, init_weights=True, seed=0,
-    )  # fmt: skip
-    model = HookedTransformer(cfg).eval()
+        dtype=torch.float64, seed=0,
+    )).eval()  # fmt: skip
+    assert {p.dtype for p in model.parameters()} == {torch.float64}  # the 1e-6 tolerances below assume float64
     with torch.no_grad():  # larger weights so that ablations move the argmax
         for p in model.parameters():
             p.mul_(4.0)
@@ -214,9 +213,10 @@ def planted_soft_prior(content: bool = False) -> SoftPriorTransformer:
         a.priors["pos"].pos_bias[0, 1] = 40.0
         a.W_V[0, tok, tok] = 1.0
         a.W_O[0, tok, out] = 1.0
-        if content:
-            a.priors["content"].W_cq.normal_(0, 3.0)
-            a.priors["content"].W_ck.normal_(0, 3.0)
+        if content:  # seeded: the planted content bias must not depend on what ran before
+            g = torch.Generator().manual_seed(0)
+            a.priors["content"].W_cq.normal_(0, 3.0, generator=g)
+            a.priors["content"].W_ck.normal_(0, 3.0, generator=g)
     return model.eval()
 
 

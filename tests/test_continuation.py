@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuitfade import compat
 from circuitfade.analysis.continuation import (
     backbone_parameters,
     circuit_heads,
@@ -31,18 +31,27 @@ from planted import CopyTask, P, V  # tests/planted.py (tests/conftest.py puts t
 
 torch.set_num_threads(1)
 
+# head_slices finds per-head parameters by their HookedTransformer names (blocks.{l}.attn.W_Q, ...). A
+# TransformerLens 4 plain model (a TransformerBridge) has fused q/k/v/o projection weights whose per-head
+# W_Q/... are views, not parameters, so gradient projections of plain models are 3.x-only for now: these
+# tests are expected to fail on 4.x with that ValueError (strict: they report once the library gains it).
+NEEDS_PER_HEAD_PARAMETERS = pytest.mark.xfail(
+    compat.is_tl4(), raises=ValueError, strict=True,
+    reason="head_gradient_norms on a TransformerBridge: per-head W_Q/W_K/W_V/W_O are views of fused "
+           "projection weights, not parameters (continuation.head_slices needs them as parameters)",
+)
+
 TASK = AssocRecall(AssocRecallConfig(n_pairs=4, n_keys=6, n_values=6, d_vocab=12, max_len=9))
 L, H, D, DH = 2, 3, 6, 2
 
 
-def planted(seed: int = 0, circuit=((1, 2),), others_write: bool = True) -> HookedTransformer:
+def planted(seed: int = 0, circuit=((1, 2),), others_write: bool = True):
     """Attention-only, no LayerNorm, float64. W_Q = W_K = b_Q = b_K = 0 (uniform causal
     attention) and W_V = b_V = 0 (every head outputs 0); W_E, W_pos, W_U, b_U, b_O random;
     W_O random for the circuit's heads and, if ``others_write``, for the other heads too
     (else 0, which cuts every other head off from the loss)."""
-    cfg = HookedTransformerConfig(n_layers=L, d_model=D, n_ctx=9, d_head=DH, n_heads=H, d_vocab=12, attn_only=True,
-                                  normalization_type=None, positional_embedding_type="standard", dtype=torch.float64)
-    model = HookedTransformer(cfg)
+    model = compat.plain_model(dict(n_layers=L, d_model=D, n_ctx=9, d_head=DH, n_heads=H, d_vocab=12, attn_only=True,
+                                    normalization_type=None, positional_embedding_type="standard", dtype=torch.float64))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -101,6 +110,7 @@ def hand_gradient(model, batch: Batch) -> tuple[np.ndarray, float]:
     return sq, float(total)
 
 
+@NEEDS_PER_HEAD_PARAMETERS
 def test_head_gradient_norms_equal_the_hand_computed_gradient():
     model = planted(0)
     batch = eval_set(TASK, 64, seed=3)
@@ -111,6 +121,7 @@ def test_head_gradient_norms_equal_the_hand_computed_gradient():
     assert total == pytest.approx(ref_total, rel=1e-5)
 
 
+@NEEDS_PER_HEAD_PARAMETERS
 def test_projection_on_a_given_circuit_equals_hand_computed():
     model = planted(1)
     batch = eval_set(TASK, 64, seed=4)
@@ -128,6 +139,7 @@ def test_projection_on_a_given_circuit_equals_hand_computed():
     assert math.isnan(sig["random_mean"]) and math.isnan(sig["p_random"])
 
 
+@NEEDS_PER_HEAD_PARAMETERS
 def test_random_baseline_when_only_the_circuit_receives_gradient():
     # other heads write nothing (W_O = 0) and read nothing (W_V = 0): their gradient is exactly 0,
     # so a random single head has the circuit's share with probability 1/6 and share 0 otherwise
@@ -150,12 +162,11 @@ def test_random_baseline_when_only_the_circuit_receives_gradient():
 
 
 
-def copy_model() -> HookedTransformer:
+def copy_model():
     """1 layer x 3 heads; head 2 attends from the last position to position 0 and copies
     the token (the circuit); head 0 copies weakly with uniform attention; head 1 is zero."""
-    cfg = HookedTransformerConfig(n_layers=1, d_model=2 * V + P, n_ctx=P, d_head=V, n_heads=3, d_vocab=V,
-                                  attn_only=True, normalization_type=None, positional_embedding_type="standard")
-    model = HookedTransformer(cfg)
+    model = compat.plain_model(dict(n_layers=1, d_model=2 * V + P, n_ctx=P, d_head=V, n_heads=3, d_vocab=V,
+                                    attn_only=True, normalization_type=None, positional_embedding_type="standard"))
     tok, pos, out = torch.arange(V), torch.arange(P), torch.arange(V + P, 2 * V + P)
     with torch.no_grad():
         for p in model.parameters():
@@ -177,6 +188,12 @@ def test_default_circuit_is_the_most_important_head():
     batch = eval_set(task, 128, seed=1)
     assert circuit_heads(model, task, batch, k=1, gates=None) == [(0, 2)]
     assert circuit_heads(model, task, batch, k=2, gates=None)[0] == (0, 2)
+
+
+@NEEDS_PER_HEAD_PARAMETERS
+def test_continuation_signal_defaults_to_the_most_important_head():
+    task, model = CopyTask(), copy_model()
+    batch = eval_set(task, 128, seed=1)
     sig = continuation_signal(model, task, batch, k=1, gates=None, importance_gates=None, n_random=10)
     assert sig["heads"] == "L0H2"
     given = continuation_signal(model, task, batch, heads=[(0, 2)], gates=None, n_random=10)
@@ -226,6 +243,7 @@ def test_head_slices_cover_each_head_parameter_once():
     assert all(not n.endswith("b_O") for v in sl.values() for n, _ in v)
 
 
+@NEEDS_PER_HEAD_PARAMETERS
 def test_trace_over_a_series():
     models = {0: planted(0), 300: planted(1)}
     series = CheckpointSeries([Snapshot(s, (lambda m=m: m), f"planted {s}") for s, m in models.items()], task=TASK)
@@ -244,7 +262,7 @@ def test_trace_over_a_series():
     assert list(only.step) == [10]
 
 
-def planted_copy_untrained() -> HookedTransformer:
+def planted_copy_untrained():
     m = copy_model()
     with torch.no_grad():
         m.blocks[0].attn.W_O.zero_()
@@ -262,10 +280,14 @@ def test_bad_input():
         continuation_signal(model, TASK, batch, heads=[], gates=None)
     with pytest.raises(ValueError, match="exceeds"):
         circuit_heads(model, TASK, batch, k=7, gates=None)
-    with pytest.raises(NoGatesError):
-        head_gradient_norms(model, TASK, batch)  # plain model: zero gates do not apply
     with pytest.raises(ValueError, match="n_random"):
         continuation_signal(model, TASK, batch, heads=[(0, 0)], gates=None, n_random=-1)
     series = CheckpointSeries([Snapshot(0, lambda: model, "m")])
     with pytest.raises(ValueError, match="no task"):
         continuation_trace(series)
+
+
+@NEEDS_PER_HEAD_PARAMETERS
+def test_zero_gates_are_refused_on_a_plain_model():
+    with pytest.raises(NoGatesError):
+        head_gradient_norms(planted(0), TASK, eval_set(TASK, 8))  # plain model: zero gates do not apply

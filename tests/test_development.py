@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 import torch
 
+from circuitfade import compat
 from circuitfade.analysis.development import (
     PR_METRIC,
     class_fractions,
@@ -220,13 +221,11 @@ def test_integrity_digest_ignores_file_metadata_and_sees_one_changed_weight(tmp_
 
 
 def test_integrity_of_state_dict_folder_with_a_bad_file(tmp_path):
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
     fields = dict(n_layers=1, d_model=8, n_ctx=8, d_head=4, n_heads=2, d_vocab=10, attn_only=True, act_fn="relu")
     (tmp_path / "config.json").write_text(json.dumps(fields))
     for s in (1, 2):
         torch.manual_seed(s)
-        model = HookedTransformer(HookedTransformerConfig(**fields, seed=s))
+        model = compat.plain_model(dict(fields, seed=s))
         torch.save(model.state_dict(), tmp_path / f"ckpt_{s}.pt")
     shutil.copy(tmp_path / "ckpt_1.pt", tmp_path / "ckpt_3.pt")
     (tmp_path / "ckpt_4.pt").write_bytes(b"not a checkpoint")

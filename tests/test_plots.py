@@ -16,8 +16,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuitfade import compat
 from circuitfade.viz import plots
 from circuitfade.viz.report import analyze, analyze_main, markdown_table
 from circuitfade.tasks import make_task
@@ -260,10 +260,9 @@ def test_analyze_main_prints_timeline(tiny_run, tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_analyze_plain_hooked_transformers_without_gates(tmp_path):
-    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=32,
-                                  attn_only=True, act_fn=None, seed=0)
-    models = [HookedTransformer(cfg), HookedTransformer(cfg)]
+def test_analyze_plain_models_without_gates(tmp_path):
+    cfg = dict(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=32, attn_only=True, act_fn=None, seed=0)
+    models = [compat.plain_model(cfg), compat.plain_model(cfg)]
     task = make_task("assoc")
     with pytest.raises(ValueError, match="pass task="):
         analyze(models, progress=False)
@@ -393,12 +392,11 @@ def test_page_builder_orders_sections_and_embeds_plotly_once(tmp_path):
 
 
 # ------------------------------------------------------------------ attention patterns
-def _uniform_attention_model(seed: int) -> HookedTransformer:
+def _uniform_attention_model(seed: int):
     """A tiny model whose queries are zero: every score is equal, so attention is uniform over
     the causal window (pattern[q, k] = 1 / (q + 1) for k <= q) - a planted, known answer."""
-    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=8, d_vocab=10,
-                                  attn_only=True, seed=seed)
-    m = HookedTransformer(cfg)
+    m = compat.plain_model(dict(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=8, d_vocab=10,
+                                attn_only=True, seed=seed))
     with torch.no_grad():
         for block in m.blocks:
             block.attn.W_Q.zero_()

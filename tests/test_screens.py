@@ -1,6 +1,7 @@
 """Head screens (circuitfade.analysis.screens) and PR spectra (circuitfade.analysis.spectra).
 
-The main fixture is a 2-layer attention-only HookedTransformer whose heads are set by
+The main fixture is a 2-layer attention-only plain model (``compat.plain_model``: a
+``HookedTransformer`` on TransformerLens 3, a ``TransformerBridge`` on 4) whose heads are set by
 hand (standard positional embeddings, no normalisation). The residual stream holds
 three one-hot blocks: the current token (TOK), the position (POS) and, after layer 0,
 the previous token (PREV). Heads:
@@ -21,8 +22,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuitfade import compat
 from circuitfade.analysis.screens import (
     CLASS_METRICS,
     DEFAULT_THRESHOLDS,
@@ -71,12 +72,11 @@ def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def planted_model() -> HookedTransformer:
-    cfg = HookedTransformerConfig(
+def planted_model():
+    model = compat.plain_model(dict(
         n_layers=2, d_model=D_MODEL, n_ctx=N, d_head=D_HEAD, n_heads=4, d_vocab=V,
         attn_only=True, normalization_type=None, positional_embedding_type="standard", seed=0,
-    )
-    model = HookedTransformer(cfg)
+    ))
     idx_n, idx_v = torch.arange(N), torch.arange(V)
     with torch.no_grad():
         for p in model.parameters():
@@ -107,11 +107,10 @@ def screen(planted):
     return classify_heads(planted, d_vocab=V, n=32, seq_len=L, seed=0, bos=BOS)
 
 
-def random_model(seed: int = 1, **kw) -> HookedTransformer:
-    cfg = HookedTransformerConfig(
+def random_model(seed: int = 1, **kw):
+    model = compat.plain_model(dict(
         n_layers=2, d_model=32, n_ctx=48, d_head=8, n_heads=4, d_vocab=V, attn_only=True, seed=seed, **kw
-    )
-    model = HookedTransformer(cfg)
+    ))
     with torch.no_grad():  # sharpen the patterns so scores are not all near-uniform
         for block in model.blocks:
             block.attn.W_Q.mul_(4.0)
@@ -301,11 +300,10 @@ def word_tokenizer(d_vocab: int):
 def test_agreement_with_transformer_lens_head_detector():
     from transformer_lens.head_detector import detect_head
 
-    cfg = HookedTransformerConfig(
+    model = compat.plain_model(dict(
         n_layers=2, d_model=32, n_ctx=48, d_head=8, n_heads=4, d_vocab=V, attn_only=True, seed=1,
         default_prepend_bos=False,
-    )
-    model = HookedTransformer(cfg, tokenizer=word_tokenizer(V))
+    ), tokenizer=word_tokenizer(V))
     with torch.no_grad():
         for block in model.blocks:
             block.attn.W_Q.mul_(4.0)

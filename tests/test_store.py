@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuitfade import compat
 from circuitfade.gating.evaluation import evaluate_batch
 from circuitfade.io import CheckpointError, load_tensors
 from circuitfade.gating.paths import parse_path
@@ -48,36 +48,50 @@ def run_dir(tmp_path_factory) -> Path:
     return d
 
 
-def ht_config(**kw) -> HookedTransformerConfig:
+LINE_MODEL = "TransformerBridge" if compat.is_tl4() else "HookedTransformer"  # the installed line's plain model
+
+
+def ht_config(**kw):
+    """A plain-model config (``HookedTransformerConfig`` on TransformerLens 3, ``TransformerBridgeConfig`` on 4)."""
     base = dict(n_layers=2, d_model=32, n_ctx=16, d_head=8, n_heads=4, d_vocab=20, attn_only=True, seed=0)
     base.update(kw)
-    return HookedTransformerConfig(**base)
+    return compat.make_config(base)
 
 
-def ht_model(cfg: HookedTransformerConfig, seed: int) -> HookedTransformer:
+def ht_model(cfg, seed: int):
     torch.manual_seed(seed)
-    m = HookedTransformer(cfg)
+    m = compat.plain_model(cfg)
     with torch.no_grad():  # perturb every weight so each "step" differs from the init
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     return m.eval()
 
 
-def config_json(cfg: HookedTransformerConfig) -> dict:
-    """All JSON-able init fields of a HookedTransformerConfig (dtype as a string)."""
+def config_json(cfg) -> dict:
+    """All JSON-able constructor fields of a plain-model config (dtype as a string)."""
     out = {}
-    for f in dataclasses.fields(cfg):
-        if not f.init:
+    for name in sorted(compat.config_fields()):
+        if not hasattr(cfg, name):
             continue
-        v = getattr(cfg, f.name)
+        v = getattr(cfg, name)
         if isinstance(v, torch.dtype):
             v = str(v)
         try:
             json.dumps(v)
         except TypeError:
             continue
-        out[f.name] = v
+        out[name] = v
     return out
+
+
+def state_key(model: torch.nn.Module, weight: torch.Tensor) -> str:
+    """The key of ``model.state_dict()`` whose tensor holds ``weight`` (a weight view such as
+    ``model.blocks[1].attn.W_O``): ``blocks.1.attn.W_O`` on a ``HookedTransformer``, the fused
+    ``blocks.1.attn.o.weight`` on a ``TransformerBridge``."""
+    ptr = weight.untyped_storage().data_ptr()
+    keys = [k for k, v in model.state_dict().items() if v.untyped_storage().data_ptr() == ptr]
+    assert len(keys) == 1, keys
+    return keys[0]
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module | dict) -> bool:
@@ -155,7 +169,7 @@ def test_open_run_refuses_non_runs(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# user HookedTransformer checkpoints
+# user checkpoints of plain models (HookedTransformer / TransformerBridge state dicts)
 # --------------------------------------------------------------------------------------
 @pytest.fixture()
 def ht_ckpts(tmp_path):
@@ -176,7 +190,7 @@ def test_attach_user_checkpoints(ht_ckpts):
         series = attach(folder, config=config)
         assert series.steps == [100, 200]
         for step, model in series:
-            assert isinstance(model, HookedTransformer) and not model.training
+            assert type(model) is type(models[step]) and not model.training
             assert same_weights(model, models[step])
         toks = torch.randint(0, 20, (2, 16), generator=torch.Generator().manual_seed(0))
         assert torch.equal(series[200](toks), models[200](toks))
@@ -242,16 +256,17 @@ def test_wrong_shape(ht_ckpts):
     torch.save(wide.state_dict(), folder / "ckpt_step300.pt")
     with pytest.raises(CheckpointError, match=r"ckpt_step300\.pt.*shape mismatch.*\(48") as e:
         attach(folder, config=cfg)
-    assert "embed.W_E" in str(e.value)
+    assert state_key(wide, wide.W_E) in str(e.value)  # embed.W_E (3.x) / embed.weight (4.x)
 
 
 def test_missing_and_unexpected_keys(ht_ckpts):
     folder, cfg, _, models = ht_ckpts
     sd = dict(models[100].state_dict())
-    sd.pop("blocks.1.attn.W_O")
+    w_o = state_key(models[100], models[100].blocks[1].attn.W_O)  # blocks.1.attn.W_O / blocks.1.attn.o.weight
+    sd.pop(w_o)
     sd["extra.weight"] = torch.zeros(3)
     torch.save(sd, folder / "ckpt_step300.pt")
-    with pytest.raises(CheckpointError, match=r"ckpt_step300\.pt.*missing 1 tensors.*W_O.*unexpected 1"):
+    with pytest.raises(CheckpointError, match=rf"ckpt_step300\.pt.*missing 1 tensors.*{re.escape(w_o)}.*unexpected 1"):
         attach(folder, config=cfg)
 
 
@@ -267,7 +282,7 @@ def test_unknown_sources(tmp_path):
     with pytest.raises(ValueError, match="accepted sources"):
         attach(3.5)
     with pytest.raises(ValueError, match="only models or only file paths"):
-        attach([HookedTransformer(ht_config()), "x.pt"])
+        attach([compat.plain_model(ht_config()), "x.pt"])
     with pytest.raises(CheckpointError, match="no such file"):
         attach(tmp_path / "nope")
     with pytest.raises(CheckpointError, match="no checkpoints found"):
@@ -313,7 +328,7 @@ def test_hf_revision_series(tmp_path):
     assert series.steps == [100, 200] and series.metadata["architecture"] == "GPTNeoXForCausalLM"
     toks = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(0))
     for step, model in series:
-        assert isinstance(model, HookedTransformer)
+        assert type(model).__name__ == LINE_MODEL and compat.is_tl_model(model)
         with torch.no_grad():
             ref = hf[step](toks).logits
             assert torch.allclose(model(toks), ref, atol=1e-4)
@@ -368,13 +383,13 @@ def test_hf_unsupported_architecture(tmp_path):
 # --------------------------------------------------------------------------------------
 # trace
 # --------------------------------------------------------------------------------------
-def uniform_model(fill: float) -> HookedTransformer:
+def uniform_model(fill: float):
     """Attention-only model with W_Q = b_Q = 0: every head attends uniformly (causally).
 
     Mean attention to key 0 over query positions 0..P-1 is then (1/P) * sum_i 1/(i+1).
     W_E is filled with ``fill`` so a weight metric has a known value.
     """
-    m = HookedTransformer(ht_config())
+    m = compat.plain_model(ht_config())
     with torch.no_grad():
         for b in m.blocks:
             b.attn.W_Q.zero_()

@@ -1,4 +1,8 @@
-"""reinit_slices: exactly the named head slices change, with the model's own init, reproducibly."""
+"""reinit_slices: exactly the named head slices change, with the model's own init, reproducibly.
+
+Runs on both TransformerLens lines: plain models come from :func:`circuitfade.compat.plain_model`
+(a ``HookedTransformer`` on 3.x, a ``TransformerBridge`` on 4.x, whose per-head ``W_Q``/... are views
+of its fused projection weights), so slices are compared through those per-head views."""
 
 from __future__ import annotations
 
@@ -6,20 +10,30 @@ import math
 
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuitfade import compat
 from circuitfade.train.surgery import WHICH as SLICES, init_values, reinit_slices, reset_slice_moments
 from circuitfade.model.transformer import SoftPriorTransformer
 
 
+ATTN = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+
+
 def _snapshot(model):
-    return ({k: v.detach().clone() for k, v in model.named_parameters()},
-            {k: v.detach().clone() for k, v in model.named_buffers()})
+    """(parameters, buffers), detached copies. Parameters: every attention tensor by its
+    ``blocks.{l}.attn.{W_Q,...,b_O}`` name (per-head views on a bridge, the parameters themselves
+    on a ``HookedTransformer``), plus every named parameter whose storage none of those covers."""
+    views = {f"blocks.{l}.attn.{w}": getattr(model.blocks[l].attn, w) for l in range(model.cfg.n_layers) for w in ATTN}
+    covered = {v.untyped_storage().data_ptr() for v in views.values()}
+    params = {k: v.detach().clone() for k, v in views.items()}
+    params |= {k: v.detach().clone() for k, v in model.named_parameters()
+               if v.untyped_storage().data_ptr() not in covered}
+    return params, {k: v.detach().clone() for k, v in model.named_buffers()}
 
 
 def _tl(**kw):
     cfg = dict(n_layers=2, d_model=32, n_ctx=8, d_head=8, n_heads=4, d_vocab=11, act_fn="relu", seed=1)
-    return HookedTransformer(HookedTransformerConfig(**{**cfg, **kw}))
+    return compat.plain_model({**cfg, **kw})
 
 
 def _expected_changed(heads, which):
@@ -32,7 +46,7 @@ def test_exactly_the_named_slices_change(which, make):
     model = make()
     with torch.no_grad():  # nonzero biases, so a bias that is reset to 0 visibly changes
         for name, p in model.named_parameters():
-            if ".b_" in name:
+            if ".b_" in name or name.endswith(".bias"):  # HookedTransformer / bridge names
                 p.add_(0.5)
     params0, bufs0 = _snapshot(model)
     heads = [(0, 1), (1, 3)]

@@ -13,9 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuitfade import stats
+from circuitfade import compat, stats
 from circuitfade.analysis import (
     ABLATION_IMPORTANCE,
     SUCCESSOR_MASS,
@@ -105,12 +104,11 @@ def test_bootstrap_weights_are_resamples():
 
 
 # ------------------------------------------------------------- planted head metric
-def uniform_attention_model(n_ctx: int = 12, d_vocab: int = 16) -> HookedTransformer:
+def uniform_attention_model(n_ctx: int = 12, d_vocab: int = 16):
     """Attention-only, zero QK: every head attends uniformly, so at answer position ``i``
     with one source its successor mass is exactly ``1 / (i + 1)``."""
-    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=n_ctx, d_vocab=d_vocab,
-                                  attn_only=True, normalization_type=None, seed=0)
-    m = HookedTransformer(cfg)
+    m = compat.plain_model(dict(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=n_ctx, d_vocab=d_vocab,
+                                attn_only=True, normalization_type=None, seed=0))
     with torch.no_grad():
         m.blocks[0].attn.W_Q.zero_()
         m.blocks[0].attn.W_K.zero_()
@@ -213,9 +211,8 @@ def test_plain_models_traced_with_a_task_name_or_own_batch_keep_every_metric():
 def test_analyze_accepts_task_dicts_and_task_args(tmp_path, capsys):
     from circuitfade.viz.report import analyze, analyze_main
 
-    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=32,
-                                  attn_only=True, seed=0)
-    res = analyze([HookedTransformer(cfg), HookedTransformer(cfg)], task={"name": "assoc", "n_pairs": 4},
+    cfg = dict(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=32, attn_only=True, seed=0)
+    res = analyze([compat.plain_model(cfg), compat.plain_model(cfg)], task={"name": "assoc", "n_pairs": 4},
                   n=64, progress=False)
     assert res["task"].config.n_pairs == 4 and res["eval"] == "eval: 64 examples, seed 1000003"
     assert res["traced"]["value"].notna().all()  # plain models: every metric computed, no "no gates" rows
