@@ -151,13 +151,31 @@ def config_required_fields() -> tuple[str, ...]:
                  and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
 
 
+@functools.cache
+def derived_config_defaults() -> dict:
+    """4.x: attributes a config's own ``to_dict()`` writes that its constructor does not take
+    (e.g. ``split_attention_weights``), with their values on a default config; empty on 3.x."""
+    if not is_tl4():
+        return {}
+    cfg = _config_class()(**{name: 1 for name in config_required_fields()})
+    return {k: v for k, v in cfg.to_dict().items() if k not in config_fields()}
+
+
 def make_config(d: Mapping):
     """A plain-model config of the installed line from a dict of its fields.
 
-    Raises ValueError naming unknown fields; the config class's own errors
-    (``TypeError``/``ValueError``/``AssertionError``) propagate.
+    A dict written by the line's own ``cfg.to_dict()`` reads back: on 4.x the attributes it
+    writes that the constructor does not take are dropped when at their default value, and
+    refused by name otherwise. Raises ValueError naming unknown fields; the config class's own
+    errors (``TypeError``/``ValueError``/``AssertionError``) propagate.
     """
     d = dict(d)
+    derived = derived_config_defaults()
+    moved = sorted(k for k in d if k in derived and d[k] != derived[k] and str(d[k]) != str(derived[k]))
+    if moved:
+        raise ValueError(f"{config_class_name()} fields {moved} are derived by the config and cannot be set "
+                         f"(at their defaults they are ignored)")
+    d = {k: v for k, v in d.items() if k not in derived}
     unknown = sorted(set(d) - config_fields())
     if unknown:
         raise ValueError(f"unknown {config_class_name()} fields {unknown}")

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from circuitfade.compat import make_config, plain_model
 
 from circuitfade import stats
 from circuitfade.analysis import head_diagnostics, successor_mass
@@ -61,9 +61,10 @@ def one_line(capsys, *must) -> str:
     return err
 
 
-def plain_cfg(**kw) -> HookedTransformerConfig:
+def plain_cfg(**kw):
+    """A plain TransformerLens config of the installed line (3.9 or 4.x)."""
     base = dict(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=32, attn_only=True, act_fn=None, seed=0)
-    return HookedTransformerConfig(**{**base, **kw})
+    return make_config({**base, **kw})
 
 
 def state_dict_folder(folder: Path, steps=(0, 1), **cfg) -> Path:
@@ -72,7 +73,7 @@ def state_dict_folder(folder: Path, steps=(0, 1), **cfg) -> Path:
     (folder / "config.json").write_text(json.dumps(c.to_dict(), default=str))
     for s in steps:
         torch.manual_seed(s)
-        torch.save(HookedTransformer(c).state_dict(), folder / f"step_{s}.pt")
+        torch.save(plain_model(c).state_dict(), folder / f"step_{s}.pt")
     return folder
 
 
@@ -129,7 +130,7 @@ def test_analyze_refuses_one_example(run, capsys):
 
 
 def test_head_diagnostics_refuse_one_resample_and_one_example():
-    model = HookedTransformer(plain_cfg(d_vocab=8, n_ctx=8))
+    model = plain_model(plain_cfg(d_vocab=8, n_ctx=8))
     batch = eval_set(CopyTask(0), 16, seed=1)
     with pytest.raises(ValueError, match=r"resamples: expected 0 \(no intervals\) or an int >= 2, got 1"):
         head_diagnostics(model, batch, CopyTask(0), resamples=1)
@@ -309,7 +310,7 @@ def test_ctrl_c_during_analyze_does_not_promise_a_resume(tmp_path, monkeypatch, 
 # 16. a batch with no answer sources: successor mass is undefined, not 0
 # --------------------------------------------------------------------------------------
 def test_no_answer_sources_give_nan_successor_mass_with_a_note():
-    model = HookedTransformer(plain_cfg(d_vocab=8, n_ctx=8))
+    model = plain_model(plain_cfg(d_vocab=8, n_ctx=8))
     b = eval_set(CopyTask(0), 16, seed=1)
     blind = Batch(b.tokens, b.targets, b.answer_mask, torch.zeros_like(b.answer_sources))
     assert torch.isnan(successor_mass(model, blind)).all()

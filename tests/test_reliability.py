@@ -515,11 +515,11 @@ def test_bad_gate_values_rejected(value, how):
 # --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_model_files(tmp_path_factory):
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from circuitfade.compat import plain_model
 
     d = tmp_path_factory.mktemp("sd")
     hc = dict(n_layers=1, d_model=16, n_ctx=8, d_head=4, n_heads=4, d_vocab=10, act_fn="relu")
-    m = HookedTransformer(HookedTransformerConfig(**hc))
+    m = plain_model(dict(hc))
     for s in (0, 5):
         torch.save(m.state_dict(), d / f"step_{s}.pt")
     (d / "config.json").write_text(json.dumps(hc))

@@ -263,7 +263,7 @@ def _build_config(config, source: str):
         d = dict(config)
         if "priors" in d and "gate_modes" in d:
             return SoftPriorConfig.from_json_dict(d, source=source)
-        d = _drop_foreign_defaults(d, source, compat.config_fields())
+        d = _drop_foreign_defaults(d, source, compat.config_fields() | set(compat.derived_config_defaults()))
         _check_fields(d, source)
         if "dtype" in d:
             d["dtype"] = _as_torch_dtype(d["dtype"], source)

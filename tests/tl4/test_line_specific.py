@@ -137,3 +137,21 @@ def test_every_module_imports_on_the_installed_line():
         except Exception as e:  # noqa: BLE001 - collected and reported below
             failed[name] = f"{type(e).__name__}: {e}"
     assert not failed, failed
+
+
+def test_a_config_written_by_this_lines_own_to_dict_reads_back():
+    """What a user of either line saves (``json.dump(cfg.to_dict(), default=str)``) builds the same config."""
+    import json
+
+    fields = dict(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=8, d_vocab=10, attn_only=True, act_fn=None)
+    cfg = compat.make_config(fields)
+    d = json.loads(json.dumps(cfg.to_dict(), default=str))
+    d.pop("dtype")
+    again = compat.make_config({k: v for k, v in d.items() if k in compat.config_fields()
+                                or k in compat.derived_config_defaults()})
+    assert again.d_model == 16 and again.n_heads == 2
+    derived = compat.derived_config_defaults()
+    if derived:  # 4.x: a derived attribute away from its default is refused by name
+        k, v = next(iter(derived.items()))
+        with pytest.raises(ValueError, match=k):
+            compat.make_config({**fields, k: (not v) if isinstance(v, bool) else "changed"})
