@@ -6,8 +6,10 @@ in :func:`plan`; ``pytest -s -k treatment`` lists every block with its treatment
 anything not run, the reason):
 
 * ``run``: executed as written - python blocks in a fresh interpreter, shell commands
-  through ``python -m circuitfade`` / ``python`` - in a scratch folder per page that holds a
-  link to the repository's ``assets/`` (so ``assets/series/...`` paths resolve) and whatever
+  through ``python -m circuitfade`` / ``python`` - in a scratch folder per page that stands in
+  for a clone's root: it holds read-only links to the repository's ``assets/`` and
+  ``circuitfade/data/`` (so ``circuitfade/data/series/...`` paths resolve; ``circuitfade/``
+  there is a plain folder, and the package itself is imported from the repository) and whatever
   earlier blocks of the same page wrote there (``runs/my_model`` from the first block of
   "Your own model", ...);
 * ``tiny``: executed with a small budget appended (``circuitfade train``: ``--steps 20`` and
@@ -149,7 +151,7 @@ def _shell_treatment(argv: list[str]) -> tuple[str, str]:
             return "tiny", ""
         if argv[1] in PARSE_ONLY:
             return "parse", PARSE_ONLY[argv[1]]
-        if argv[1] == "screen" and not any(a.startswith(("runs/", "assets/")) for a in argv[2:]):
+        if argv[1] == "screen" and not any(a.startswith(("runs/", "circuitfade/data/")) for a in argv[2:]):
             return "parse", "screens a placeholder path"
         return "run", ""
     if argv[0] == "python" and len(argv) > 2 and argv[1] == "-m" and argv[2].split(".")[0] == "studies":
@@ -346,6 +348,8 @@ def test_blocks_run_in_order(page, tmp_path):
     if is_tl4() and any(it.lang == "python" and TL3_ONLY.search(it.text) for it in items):
         pytest.skip(f"{page.name}: TransformerLens 3.x examples (HookedTransformer), run by make test on 3.9")
     (tmp_path / "assets").symlink_to(REPO / "assets", target_is_directory=True)
+    (tmp_path / "circuitfade").mkdir()
+    (tmp_path / "circuitfade" / "data").symlink_to(REPO / "circuitfade" / "data", target_is_directory=True)
     for it in items:
         if it.how in ("parse", "setup"):
             continue
