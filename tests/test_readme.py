@@ -325,6 +325,11 @@ def _env() -> dict:
 
 
 def _run_shell(argv: list[str], cwd: Path, how: str) -> None:
+    redirect = None
+    if ">" in argv:  # `command > FILE`: the one shell redirection the pages use
+        i = argv.index(">")
+        assert len(argv) == i + 2, f"{argv}: only a final '> FILE' redirection is supported"
+        argv, redirect = argv[:i], argv[i + 1]
     if argv[0] == "circuitfade":
         argv = [sys.executable, "-m", "circuitfade", *argv[1:]]
         if how == "tiny":
@@ -333,6 +338,8 @@ def _run_shell(argv: list[str], cwd: Path, how: str) -> None:
         argv = [sys.executable, *argv[1:]]
     r = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"{' '.join(argv)} (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    if redirect is not None:
+        (cwd / redirect).write_text(r.stdout)
 
 
 def _pages_with_runs() -> list[Path]:
