@@ -1,30 +1,38 @@
-"""Every README code block is checked; this file says exactly how each one is.
+"""Every code block of the README and of the docs site is checked; this file says exactly how.
 
-The README's fenced ``python`` and ``bash`` blocks are extracted and each command or
-block gets one of these treatments (chosen by the rules in :func:`plan`, listed per
-block by ``test_every_block_has_a_treatment``):
+The fenced ``python`` and ``bash`` blocks of ``README.md`` and of every page under ``docs/``
+are extracted and each command or block gets one of these treatments (chosen by the rules
+in :func:`plan`; ``pytest -s -k treatment`` lists every block with its treatment and, for
+anything not run, the reason):
 
 * ``run``: executed as written - python blocks in a fresh interpreter, shell commands
-  through ``circuitfade.cli.main`` / ``python`` - in a scratch folder that holds a link
-  to the repository's ``assets/`` (so ``assets/series/...`` paths resolve) and whatever
-  earlier blocks wrote there (``runs/fade0`` from the Trajectories block, ...);
-* ``tiny``: executed with a small budget appended (``circuitfade train``: ``--steps 20``
-  and matching eval/checkpoint intervals; ``circuitfade local-series``: ``--steps 60``),
-  because the written command trains for minutes; the rest of the command is as written;
-* ``parse``: commands that take minutes to hours (``reproduce``, ``history``, ``demo``,
-  ``screen`` of a placeholder path) are only *parsed*: their own argument parser is run
-  on the exact arguments written (an unknown flag fails) and stopped before any work;
-  ``python -c CODE`` lines of that kind are compiled (syntax only); ``python benchmarks/X.py``
-  lines run ``X.py --help`` and check every flag written is listed; ``make`` targets are
-  checked with ``make -n`` (they exist; nothing runs);
-* ``setup``: commands that build another environment (``python3 -m venv ...``,
-  ``.venv*/bin/pip ...``, the TransformerLens-4 install) are not run here: ``make
-  test-tl4`` runs exactly that install in CI; this test checks the files they name exist;
-* python blocks that use a name defined in prose rather than code (``tokens`` in "The
-  model") get a one-line prelude defining it; the prelude is printed in the plan.
+  through ``python -m circuitfade`` / ``python`` - in a scratch folder per page that stands in
+  for a clone's root: it holds read-only links to the repository's ``assets/`` and
+  ``circuitfade/data/`` (so ``circuitfade/data/series/...`` paths resolve; ``circuitfade/``
+  there is a plain folder, and the package itself is imported from the repository) and whatever
+  earlier blocks of the same page wrote there (``runs/my_model`` from the first block of
+  "Your own model", ...);
+* ``tiny``: executed with a small budget appended (``circuitfade train``: ``--steps 20`` and
+  matching eval/checkpoint intervals; ``circuitfade local-series``: ``--steps 60``), because
+  the written command trains for minutes; the rest of the command is as written;
+* ``parse``: commands that take minutes to hours, download, or write into the repository
+  are only *parsed*, each for the reason :data:`PARSE_ONLY` / :func:`plan` gives: their own
+  argument parser runs on the exact arguments written (an unknown flag fails) and is
+  stopped before any work (``circuitfade demo``, every ``python -m studies...`` command but
+  ``--help`` and the few seconds-long ones in :data:`STUDY_RUNS`);
+  ``python script.py ...`` lines run ``script.py --help`` and check that every flag written is
+  listed; ``python -c CODE`` lines of that kind and python blocks listed in
+  :data:`PYTHON_PARSE_ONLY` are compiled (syntax only); ``make`` targets are checked with
+  ``make -n``; ``mkdocs build`` is run by ``tests/test_docs.py``;
+* ``setup``: commands that build an environment (``python3 -m venv ...``, ``pip install
+  ...``) are not run here: ``make test`` / ``make test-tl4`` run exactly those installs in CI;
+  this test checks that the files (``-r``) and extras (``.[figures]``) they name exist.
 
-The fast test checks extraction, the plan and every ``parse`` item; the slow test runs
-every ``run`` and ``tiny`` item in README order.
+``text`` blocks are shown, not run (equations, sample output); a test checks that none of them
+holds a command. Under TransformerLens 4 a page whose examples use 3.x's own classes
+(``HookedTransformer``, ``HookedTransformerConfig``: :data:`TL3_ONLY`) is skipped with that
+reason; every other page runs on both lines. The fast tests check extraction, the plan and every ``parse`` item; the slow
+test runs every ``run`` and ``tiny`` item, page by page, in page order.
 """
 
 from __future__ import annotations
@@ -32,10 +40,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
 import textwrap
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,41 +53,69 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 
-# names the README's prose defines for a block; the prelude that makes them concrete
-PRELUDES = {
-    "tokens": "import torch\ntokens = torch.randint(0, 32, (2, 31))  # prelude: the README's 'tokens: int [batch, pos]'\n",
+
+def doc_files() -> list[Path]:
+    """The README, then every markdown page of the docs site, in path order."""
+    return [README] + sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.relative_to(DOCS).parts)
+
+
+# circuitfade subcommands that are only parsed, and why
+PARSE_ONLY = {
+    "demo": "trains two 3,600-step runs and traces 13 checkpoints (minutes)",
 }
-# commands that take minutes or hours: parsed only
-PARSE_ONLY = ("reproduce", "history", "demo", "alignment", "map")
+STUDY_REASON = "a study: trains for minutes to hours and writes under results/"
+# study commands cheap enough to run as written (nothing written, seconds)
+STUDY_RUNS = (["studies.alignment.fdt", "anneal"],)
+# python blocks that are only compiled: a substring that identifies the block, and why
+PYTHON_PARSE_ONLY = {
+    "pythia_series(": "downloads Pythia revisions from the Hugging Face hub",
+}
 TINY = {
     "train": ["--steps", "20", "--eval-every", "10", "--checkpoint-every", "10", "--quiet"],
     "local-series": ["--steps", "60", "--quiet"],
 }
+LANGS = {"python", "bash", "text"}
+# a page whose python blocks use TransformerLens 3.x's own classes is a 3.x example: run by `make test`,
+# skipped (with this reason) under TransformerLens 4, which has no HookedTransformer
+TL3_ONLY = re.compile(r"\bHookedTransformerConfig\b|from transformer_lens import HookedTransformer\b")
+COMMAND_WORDS = ("circuitfade", "python", "python3", "make", "pip", "mkdocs")
 
 
 @dataclass
 class Item:
     lang: str  # python | bash
-    how: str  # run | tiny | parse
+    how: str  # run | tiny | parse | setup
     text: str  # python source, or one shell command
-    line: int  # README line of the block
-    prelude: str = ""
+    line: int  # line of the block in its file
+    file: Path = README
+    reason: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.file.relative_to(REPO)}:{self.line}"
 
 
-def blocks(text: str) -> list[tuple[str, str, int]]:
-    """``(lang, body, line)`` of every fenced block of ``text``."""
+def blocks(text: str, name: str = "README.md") -> list[tuple[str, str, int]]:
+    """``(lang, body, line)`` of every fenced block of ``text``. A fence must start at column 0
+    and name at most a language, so no block can escape this test by being indented or
+    decorated."""
     out, lang, body, start = [], None, [], 0
     for i, line in enumerate(text.splitlines(), 1):
-        m = re.match(r"^```(\w*)\s*$", line)
-        if m and lang is None:
-            lang, body, start = m.group(1) or "text", [], i
-        elif line.startswith("```") and lang is not None:
-            out.append((lang, "\n".join(body), start))
-            lang = None
+        if line.lstrip().startswith("```"):
+            assert line.startswith("```"), f"{name}:{i}: indented code fence (write fences at column 0)"
+            m = re.match(r"^```(\w*)\s*$", line)
+            assert m, f"{name}:{i}: a fence takes a plain language name only, got {line!r}"
+            if lang is None:
+                lang, body, start = m.group(1) or "text", [], i
+            else:
+                assert not m.group(1), f"{name}:{i}: a closing fence names a language"
+                out.append((lang, "\n".join(body), start))
+                lang = None
         elif lang is not None:
             body.append(line)
-    assert lang is None, f"README.md: unterminated code block at line {start}"
+    assert lang is None, f"{name}: unterminated code block at line {start}"
     return out
 
 
@@ -100,38 +138,62 @@ def _strip_comment(cmd: str) -> list[str]:
     return list(lex)
 
 
-def plan(text: str | None = None) -> list[Item]:
+def _shell_treatment(argv: list[str]) -> tuple[str, str]:
+    """``(how, reason)`` for one shell command."""
+    if argv[0] == "make":
+        return "parse", "make targets build environments and run suites: checked with make -n"
+    if argv[:3] == ["python3", "-m", "venv"] or re.match(r"(\.venv[^/]*/bin/)?pip$", argv[0]):
+        return "setup", "builds an environment (run by make test / make test-tl4 in CI)"
+    if argv[0] == "mkdocs":
+        return "parse", "the site build is tests/test_docs.py::test_the_site_builds_strict"
+    if argv[0] == "circuitfade" and len(argv) > 1:
+        if argv[1] in TINY:
+            return "tiny", ""
+        if argv[1] in PARSE_ONLY:
+            return "parse", PARSE_ONLY[argv[1]]
+        if argv[1] == "screen" and not any(a.startswith(("runs/", "circuitfade/data/")) for a in argv[2:]):
+            return "parse", "screens a placeholder path"
+        return "run", ""
+    if argv[0] == "python" and len(argv) > 2 and argv[1] == "-m" and argv[2].split(".")[0] == "studies":
+        cheap = argv[3:] == ["--help"] or argv[2:] in [list(r) for r in STUDY_RUNS]
+        return ("run", "") if cheap else ("parse", STUDY_REASON)
+    if argv[0] == "python" and len(argv) > 1 and argv[1].endswith(".py"):
+        return "parse", "a script that trains for minutes or writes into the repository: its --help lists each flag"
+    if argv[0] == "python" and len(argv) > 2 and argv[1] == "-c" and "run_sweep" in argv[2]:
+        return "parse", "trains full-length runs: compiled only"
+    return "run", ""
+
+
+def plan(files: list[Path] | None = None) -> list[Item]:
     items = []
-    for lang, body, line in blocks(README.read_text() if text is None else text):
-        if lang == "python":
-            names = [n for n in PRELUDES if re.search(rf"\b{n}\b", body) and not re.search(rf"\b{n}\s*=", body)]
-            items.append(Item("python", "run", body, line, "".join(PRELUDES[n] for n in names)))
-        elif lang in ("bash", "sh", "shell", "console"):
-            for cmd in commands(body):
-                argv = _strip_comment(cmd)
-                if argv[0] == "make":
-                    how = "parse"
-                elif argv[:3] == ["python3", "-m", "venv"] or re.match(r"\.venv[^/]*/bin/pip$", argv[0]):
-                    how = "setup"
-                elif argv[0] == "circuitfade" and len(argv) > 1 and argv[1] in TINY:
-                    how = "tiny"
-                elif argv[0] == "circuitfade" and len(argv) > 1 and argv[1] in PARSE_ONLY:
-                    how = "parse"
-                elif argv[0] == "circuitfade" and argv[1] == "screen" and not any(
-                        a.startswith("runs/") for a in argv[2:]):
-                    how = "parse"  # a placeholder path (path/to/series)
-                elif argv[0] == "python" and argv[1].startswith("benchmarks/"):
-                    how = "parse"  # benchmarks time minutes of training; their flags are checked
-                elif argv[0] == "python" and argv[1] == "-c":
-                    how = "parse" if "run_sweep" in argv[2] else "run"
-                else:
-                    how = "run"
-                items.append(Item("bash", how, cmd, line))
+    for f in doc_files() if files is None else files:
+        for lang, body, line in blocks(f.read_text(), str(f.relative_to(REPO))):
+            if lang == "python":
+                reasons = [r for key, r in PYTHON_PARSE_ONLY.items() if key in body]
+                items.append(Item("python", "parse" if reasons else "run", body, line, f, "; ".join(reasons)))
+            elif lang == "bash":
+                for cmd in commands(body):
+                    how, reason = _shell_treatment(_strip_comment(cmd))
+                    items.append(Item("bash", how, cmd, line, f, reason=reason))
     return items
 
 
 class _Parsed(BaseException):
     """Raised right after a successful argument parse, so nothing runs."""
+
+
+def _stop_after_parse(prog_words: tuple[str, ...]) -> pytest.MonkeyPatch:
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        ns = original(self, args, namespace)
+        if any(w in self.prog for w in prog_words):
+            raise _Parsed(ns)
+        return ns
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    return mp
 
 
 def parse_only(argv: list[str]) -> None:
@@ -140,30 +202,36 @@ def parse_only(argv: list[str]) -> None:
         r = subprocess.run(["make", "-n", *argv[1:]], cwd=REPO, capture_output=True, text=True)
         assert r.returncode == 0, f"make -n {argv[1:]}: {r.stderr}"
         return
-    if argv[0] == "python" and argv[1].startswith("benchmarks/"):
+    if argv[0] == "mkdocs":
+        assert argv[1] == "build" and (REPO / "mkdocs.yml").is_file(), argv
+        return
+    if argv[0] == "python" and argv[1].endswith(".py"):
+        assert (REPO / argv[1]).is_file(), f"{argv[1]} does not exist"
         r = subprocess.run([sys.executable, str(REPO / argv[1]), "--help"], cwd=REPO, capture_output=True, text=True,
                            env=_env(), timeout=300)
         assert r.returncode == 0, f"{argv[1]} --help: {r.stderr[-2000:]}"
         for flag in (a.split("=")[0] for a in argv[2:] if a.startswith("--")):
-            assert flag in r.stdout, f"README runs {argv[1]} with {flag}, which its --help does not list"
+            assert flag in r.stdout, f"the docs run {argv[1]} with {flag}, which its --help does not list"
         return
-    if argv[0] == "python":
-        assert argv[1] == "-c", argv
-        compile(argv[2], "<README python -c>", "exec")
+    if argv[0] == "python" and argv[1] == "-c":
+        compile(argv[2], "<docs python -c>", "exec")
+        return
+    if argv[0] == "python" and argv[1] == "-m":
+        module = argv[2]
+        assert module.split(".")[0] == "studies", argv
+        mp = _stop_after_parse(("studies",))
+        mp.setattr(sys, "argv", [module, *argv[3:]])
+        try:
+            with pytest.raises(_Parsed), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # "found in sys.modules": a study module run as main
+                runpy.run_module(module, run_name="__main__", alter_sys=False)
+        finally:
+            mp.undo()
         return
     assert argv[0] == "circuitfade", argv
     from circuitfade.cli import main
 
-    original = argparse.ArgumentParser.parse_args
-
-    def parse_and_stop(self, args=None, namespace=None):
-        ns = original(self, args, namespace)
-        if self.prog.startswith("circuitfade") or "circuitfade" in self.prog:
-            raise _Parsed(ns)
-        return ns
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    mp = _stop_after_parse(("circuitfade",))
     try:
         with pytest.raises(_Parsed):
             main(argv[1:])
@@ -171,42 +239,81 @@ def parse_only(argv: list[str]) -> None:
         mp.undo()
 
 
-def test_readme_has_blocks_and_every_block_has_a_treatment(capsys):
+def test_every_block_has_a_treatment(capsys):
     items = plan()
-    assert len(items) >= 10
-    langs = {lang for lang, _, _ in blocks(README.read_text())}
-    assert langs <= {"python", "bash", "text"}, f"README has blocks of kinds this test does not treat: {langs}"
+    assert len(items) >= 40
+    for f in doc_files():
+        langs = {lang for lang, _, _ in blocks(f.read_text())}
+        assert langs <= LANGS, f"{f.relative_to(REPO)} has blocks of kinds this test does not treat: {langs - LANGS}"
     for it in items:
-        print(f"README:{it.line} {it.lang:6} {it.how:5} {it.text.splitlines()[0][:90]}"
-              + (f"   [prelude: {it.prelude.strip()}]" if it.prelude else ""))
+        print(f"{it.where:32} {it.lang:6} {it.how:5} {it.text.splitlines()[0][:80]}"
+              + (f"   [{it.reason}]" if it.reason else ""))
     hows = {it.how for it in items}
-    assert {"run", "tiny", "parse"} <= hows
-    # the section this test was written for is executed, not merely parsed
+    assert {"run", "tiny", "parse", "setup"} <= hows
+    assert all(it.reason for it in items if it.how in ("parse", "setup")), "every block not run says why"
+    # the blocks this test was written for are executed, not merely parsed
     assert any(it.how == "run" and "torch.save(model.state_dict()" in it.text and it.lang == "python" for it in items)
     assert any(it.how == "run" and "Batch(tokens=tokens" in it.text for it in items)
+    assert any(it.how == "run" and "head_small_multiples" in it.text and it.file == README for it in items)
+
+
+def test_text_blocks_hold_no_commands():
+    for f in doc_files():
+        for lang, body, line in blocks(f.read_text()):
+            if lang != "text":
+                continue
+            for row in body.splitlines():
+                first = row.split()[0] if row.split() else ""
+                assert first not in COMMAND_WORDS, \
+                    f"{f.relative_to(REPO)}:{line}: a command in a text block escapes the block test: {row!r}"
+
+
+def test_the_fence_checker_refuses_blocks_that_would_escape():
+    with pytest.raises(AssertionError, match="indented"):
+        blocks("text\n   ```bash\ncircuitfade demo\n   ```\n")
+    with pytest.raises(AssertionError, match="plain language"):
+        blocks('```python title="x.py"\nprint(1)\n```\n')
+    assert blocks("```bash\nmake test\n```\n") == [("bash", "make test", 1)]
 
 
 def test_commands_that_take_minutes_parse_as_written():
     parsed = [it for it in plan() if it.how == "parse"]
     assert parsed
     for it in parsed:
-        parse_only(_strip_comment(it.text))
+        if it.lang == "python":
+            compile(it.text, it.where, "exec")
+        else:
+            parse_only(_strip_comment(it.text))
 
 
-def test_setup_commands_name_files_that_exist():
+def test_setup_commands_name_files_and_extras_that_exist():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    extras = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     setups = [it for it in plan() if it.how == "setup"]
+    assert setups
     for it in setups:
         argv = _strip_comment(it.text)
         for flag, value in zip(argv, argv[1:]):
             if flag == "-r":
-                assert (REPO / value).is_file(), f"README:{it.line} installs from missing {value}"
+                assert (REPO / value).is_file(), f"{it.where} installs from missing {value}"
+        for arg in argv:
+            m = re.fullmatch(r"\.\[([\w,-]+)\]", arg)
+            if m:
+                missing = set(m.group(1).split(",")) - extras
+                assert not missing, f"{it.where} installs extras pyproject.toml does not define: {missing}"
     make = subprocess.run(["make", "-n", "test-tl4"], cwd=REPO, capture_output=True, text=True)
-    assert not setups or make.returncode == 0, "the README's environment set-up is not exercised by make test-tl4"
+    assert make.returncode == 0, "the documented environment set-up is not exercised by make test-tl4"
 
 
 def test_parse_only_catches_an_unknown_flag():
     with pytest.raises(SystemExit):
-        parse_only(["circuitfade", "reproduce", "--no-such-flag"])
+        parse_only(["circuitfade", "demo", "--no-such-flag"])
+    with pytest.raises(SystemExit):
+        parse_only(["python", "-m", "studies.paper", "reproduce", "--no-such-flag"])
+    with pytest.raises(SystemExit):
+        parse_only(["python", "-m", "studies.removability", "--models", "L9 d1"])
+    with pytest.raises(AssertionError, match="--no-such-flag"):
+        parse_only(["python", "benchmarks/train_step.py", "--no-such-flag"])
     with pytest.raises(SyntaxError):
         parse_only(["python", "-c", "def ("])
 
@@ -218,6 +325,11 @@ def _env() -> dict:
 
 
 def _run_shell(argv: list[str], cwd: Path, how: str) -> None:
+    redirect = None
+    if ">" in argv:  # `command > FILE`: the one shell redirection the pages use
+        i = argv.index(">")
+        assert len(argv) == i + 2, f"{argv}: only a final '> FILE' redirection is supported"
+        argv, redirect = argv[:i], argv[i + 1]
     if argv[0] == "circuitfade":
         argv = [sys.executable, "-m", "circuitfade", *argv[1:]]
         if how == "tiny":
@@ -226,19 +338,33 @@ def _run_shell(argv: list[str], cwd: Path, how: str) -> None:
         argv = [sys.executable, *argv[1:]]
     r = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"{' '.join(argv)} (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    if redirect is not None:
+        (cwd / redirect).write_text(r.stdout)
+
+
+def _pages_with_runs() -> list[Path]:
+    return [f for f in doc_files() if any(it.how in ("run", "tiny") for it in plan([f]))]
 
 
 @pytest.mark.slow
-def test_readme_blocks_run_in_order(tmp_path):
+@pytest.mark.parametrize("page", _pages_with_runs(), ids=lambda p: str(p.relative_to(REPO)))
+def test_blocks_run_in_order(page, tmp_path):
+    from circuitfade.compat import is_tl4
+
+    items = plan([page])
+    if is_tl4() and any(it.lang == "python" and TL3_ONLY.search(it.text) for it in items):
+        pytest.skip(f"{page.name}: TransformerLens 3.x examples (HookedTransformer), run by make test on 3.9")
     (tmp_path / "assets").symlink_to(REPO / "assets", target_is_directory=True)
-    for it in plan():
+    (tmp_path / "circuitfade").mkdir()
+    (tmp_path / "circuitfade" / "data").symlink_to(REPO / "circuitfade" / "data", target_is_directory=True)
+    for it in items:
         if it.how in ("parse", "setup"):
             continue
         if it.lang == "python":
-            script = tmp_path / f"readme_block_{it.line}.py"
-            script.write_text("import torch\ntorch.set_num_threads(1)\n" + it.prelude + textwrap.dedent(it.text) + "\n")
+            script = tmp_path / f"block_{it.line}.py"
+            script.write_text("import torch\ntorch.set_num_threads(1)\n" + textwrap.dedent(it.text) + "\n")
             r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True,
                                text=True, timeout=900)
-            assert r.returncode == 0, f"README.md line {it.line} (python block) failed:\n{r.stderr[-3000:]}"
+            assert r.returncode == 0, f"{it.where} (python block) failed:\n{r.stderr[-3000:]}"
         else:
             _run_shell(_strip_comment(it.text), tmp_path, it.how)
