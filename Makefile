@@ -42,8 +42,17 @@ test-pip:
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+STAMP_DOCS := $(VENV)/.docs-installed
+$(STAMP_DOCS): $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]' 'transformer-lens>=3.9,<4'
+	touch $(STAMP_DOCS)
+
+# the docs site: every page, link, anchor, included results file and docstring checked
+docs: $(STAMP_DOCS)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
+
 bench: $(STAMP)
 	$(PY) benchmarks/train_step.py
 
 clean:
-	rm -rf $(VENV) $(VENV_TL4) runs
+	rm -rf $(VENV) $(VENV_TL4) runs site

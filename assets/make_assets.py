@@ -7,9 +7,9 @@
 Two full runs on associative recall, seed 0, default ``TrainConfig`` (3,600 steps,
 a checkpoint every 300): ``unforced`` and ``fade600->0``. They are trained with
 :func:`circuitfade.train.sweep.run_sweep` into ``--root`` (default ``results/runs``, the
-sweep root of ``circuitfade reproduce``), so finished runs are reused, never retrained.
+sweep root of ``python -m studies.paper reproduce``), so finished runs are reused, never retrained.
 With ``--wait S`` the script first waits (polling every 30 s, up to ``S`` seconds)
-for another process - e.g. a running ``circuitfade reproduce`` - to finish them,
+for another process - e.g. a running ``python -m studies.paper reproduce`` - to finish them,
 and stops rather than training into a directory someone else is writing.
 
 Each run is copied to ``circuitfade/data/series/<name>/`` (``config.json``, ``metrics.csv``,

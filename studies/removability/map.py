@@ -522,8 +522,7 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
                   f"run's own wall time; sources: {w['sources']}); first start to last end "
                   f"{w['span_seconds'] / 60:.1f} min with the sweep's workers. Mean minutes per run: "
                   + ", ".join(f"{m} {v:.1f}" for m, v in per_model.items())
-                  + ". Each run had one process with one torch thread; the machine's 2 cores were shared with "
-                  "other work, so these overstate the cost on an idle core.", ""]
+                  + ". Each run had one process with one torch thread.", ""]
     if problems:
         lines += ["## Runs not tabulated (unfinished or invalid)", ""] + [f"- {p}" for p in problems] + [""]
     if sig is not None and len(sig):
