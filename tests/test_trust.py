@@ -43,7 +43,7 @@ from circuitfade.tasks import (
 from circuitfade.train import TrainConfig, read_metrics
 
 torch.set_num_threads(1)
-SERIES = Path(__file__).resolve().parents[1] / "assets" / "series"
+SERIES = Path(__file__).resolve().parents[1] / "circuitfade" / "data" / "series"
 
 
 # ------------------------------------------------------------------------ stats

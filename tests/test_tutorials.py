@@ -126,7 +126,7 @@ def test_tutorial_02_trace_series(kernel_env):
     )
     assert r["steps"] == list(range(0, 3601, 600))
     assert r["metrics"] == ["ablation_importance", "ablation_loss_increase", "successor_mass"]
-    assert Path(r["source"]).resolve() == (REPO / "assets" / "series" / "fade600to0").resolve()
+    assert Path(r["source"]).resolve() == (REPO / "circuitfade" / "data" / "series" / "fade600to0").resolve()
     assert r["gate_zero"] == 1050  # fade600->0: 0.5 until 600, linear to 0 at 1050
     (row,) = r["timeline"]
     assert row["path"] == "fade600->0" and row["gate_zero_step"] == "1050"
@@ -181,10 +181,10 @@ def test_example_series_found_from_any_folder_and_by_env_var(tmp_path, monkeypat
 
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.chdir(tmp_path)  # not the repository
-    assert example_series_dir("fade600to0") == REPO / "assets" / "series" / "fade600to0"
+    assert example_series_dir("fade600to0") == REPO / "circuitfade" / "data" / "series" / "fade600to0"
     assert example_series("unforced").steps[-1] == 3600
     copy = tmp_path / "my_assets"
-    shutil.copytree(REPO / "assets" / "series" / "unforced", copy / "series" / "unforced")
+    shutil.copytree(REPO / "circuitfade" / "data" / "series" / "unforced", copy / "series" / "unforced")
     monkeypatch.setenv(ENV_VAR, str(copy))
     assert example_series_dir("unforced") == copy / "series" / "unforced"
     with pytest.raises(FileNotFoundError, match="fade600to0"):

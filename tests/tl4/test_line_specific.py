@@ -54,7 +54,7 @@ def test_attaching_a_circuitfade_run_written_on_39_works_here():
     from circuitfade.model import SoftPriorTransformer
     from circuitfade.store import attach
 
-    run = Path(__file__).resolve().parents[2] / "assets" / "series" / "fade600to0"  # shipped, trained on 3.9
+    run = Path(__file__).resolve().parents[2] / "circuitfade" / "data" / "series" / "fade600to0"  # shipped, trained on 3.9
     series = attach(run)
     model = series[series.steps[-1]]
     assert isinstance(model, SoftPriorTransformer)
