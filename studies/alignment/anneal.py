@@ -94,19 +94,21 @@ from circuitfade.train.langevin import LangevinNoise
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import BATCH, MARGIN, PATIENCE, THRESHOLD, base_config, job_key
+from studies.alignment.protocol import ANNEAL_V1
 
 __all__ = ["K", "LR_SGD", "T_GRID", "PIN_ARMS", "anneal_schedule", "pin_param_groups", "melting_point",
            "hot_temperature", "melt_job", "pin_job", "anneal_job", "verdicts", "run"]
 
-K = 2
+_D = ANNEAL_V1.data
+K = int(_D["k"])
 LR_SGD = 0.2
-SEEDS = 5
+SEEDS = len(_D["seeds"])
 EVAL_EVERY = 25
 CLIP = 1.0
-FORM_CAP = 3000
-MELT_STEPS = PIN_STEPS = 1000
-T_GRID = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
-HOLD, RAMP, ANNEAL_STEPS = 500, 1000, 2500
+FORM_CAP = int(_D["form_cap"])
+MELT_STEPS, PIN_STEPS = int(_D["melt_steps"]), int(_D["pin_steps"])
+T_GRID = tuple(float(t) for t in _D["t_grid"])
+HOLD, RAMP, ANNEAL_STEPS = int(_D["hold"]), int(_D["ramp"]), int(_D["anneal_steps"])
 READOUT = ("embed.", "pos_embed.", "blocks.0.mlp.", "blocks.0.attn.b_O", "unembed.")
 PIN_ARMS = {"none": ((), ()), "part heads": ("parts", ()), "spare heads": ("spares", ()),
             "circuit": ("parts", READOUT), "control circuit": ("spares", READOUT)}

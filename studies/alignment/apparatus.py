@@ -23,6 +23,7 @@ from circuitfade.tasks import EVAL_SEED, eval_set, make_task
 from circuitfade.tasks.kpart import kpart_model
 from circuitfade.train import RunConfig, TrainConfig, save_checkpoint, train, write_metrics
 from circuitfade.train.jobs import run_jobs
+from studies.alignment.protocol import PARTS_V1
 
 __all__ = ["TASK", "V", "N_DISTRACTORS", "BATCH", "LR", "EVAL_EVERY", "EVAL_SIZE", "CHUNK", "REINIT_EVAL_EVERY",
            "THRESHOLD", "PATIENCE", "MARGIN", "BASE_CAP", "WAIT_CAP", "base_config", "job_key", "acc_curve",
@@ -38,8 +39,8 @@ EVAL_EVERY, EVAL_SIZE, CHUNK = 25, 256, 100
 REINIT_EVAL_EVERY = 5  # re-ignition can take only tens of steps: evaluate finely after re-initialisation
 THRESHOLD, PATIENCE = 0.5, 2  # ignition: half way from chance to 1, two evaluations in a row
 MARGIN = 200  # steps observed after ignition before a job stops
-BASE_CAP = {2: 4000, 3: 4000, 4: 8000, 5: 20000}
-WAIT_CAP = 12000  # steps after re-initialisation
+BASE_CAP = {int(k): int(v) for k, v in PARTS_V1.data["base_cap"].items()}
+WAIT_CAP = int(PARTS_V1.data["wait_cap"])  # steps after re-initialisation
 
 
 def base_config(k: int, seed: int, steps: int) -> RunConfig:

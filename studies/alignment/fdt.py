@@ -69,12 +69,14 @@ from circuitfade.viz.report import markdown_table
 from studies.alignment import anneal as A
 from studies.alignment.anneal import CLIP, LR_SGD
 from studies.alignment.apparatus import cached_job
+from studies.alignment.protocol import FDT_V1
 
 __all__ = ["FDT_STEPS", "FDT_T", "FDT_WD", "SPREAD_TOL", "anneal_demo", "fdt_job", "fdt_verdicts", "param_family",
            "run", "sgd_fdt_run", "thermal_call"]
 
-FDT_SEEDS, FDT_STEPS, FDT_WD, FDT_T = 5, 4000, 0.03, 1e-4
-SPREAD_TOL, MIN_COORDS, STATIONARY_TOL = 1.5, 200, 0.05
+_D = FDT_V1.data
+FDT_SEEDS, FDT_STEPS, FDT_WD, FDT_T = len(_D["seeds"]), int(_D["steps"]), float(_D["wd"]), float(_D["T"])
+SPREAD_TOL, MIN_COORDS, STATIONARY_TOL = float(_D["spread_tol"]), int(_D["min_coords"]), float(_D["stationary_tol"])
 ARMS = {"sgd": 0.0, "langevin": FDT_T}
 
 

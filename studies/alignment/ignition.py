@@ -75,24 +75,26 @@ from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import THRESHOLD, base_config, check_finite, first_acc, run_cached_jobs, until_ignition
 from studies.alignment.parts import load_constants, predict_wait
+from studies.alignment.protocol import IGNITION_V1
 
 __all__ = ["K", "SWITCH", "BUDGET", "SHARE_IN_FIT", "ABOVE_SHARE", "BELOW_SHARE", "SCAN_SHARES", "STUDY_IGNITION",
            "share_to_drive", "floor_share", "budget_share", "predictions", "ignition_config", "ignition_specs",
            "long_specs", "ignition_job", "share_table", "empirical_floor", "ignition_verdicts", "ignition_figure", "run"]
 
-K = 3
-SWITCH = 1000
+_D = IGNITION_V1.data
+K = int(_D["k"])
+SWITCH = int(_D["switch"])
 """Base-only steps before the capability is switched on (the withheld scan: W = 1000 is far from its
 critical W; 6 of 6 seeds ignited there at share 0.5)."""
-BUDGET = 3000
+BUDGET = int(_D["budget"])
 """Steps after the switch within which a run must ignite to count."""
-SHARE_IN_FIT = 1.0
+SHARE_IN_FIT = float(_D["share_in_fit"])
 """Capability share of the training data in the rate-equation fit runs (capability sequences only)."""
-ABOVE_SHARE, ABOVE_SEEDS = 0.5, 10
-BELOW_SHARE, BELOW_SEEDS = 0.005, 12
-SCAN_SHARES, SCAN_SEEDS = (0.002, 0.01, 0.02, 0.05, 0.1, 0.2), 5
+ABOVE_SHARE, ABOVE_SEEDS = float(_D["above"]["share"]), int(_D["above"]["seeds"])
+BELOW_SHARE, BELOW_SEEDS = float(_D["below"]["share"]), int(_D["below"]["seeds"])
+SCAN_SHARES, SCAN_SEEDS = tuple(_D["scan"]["shares"]), int(_D["scan"]["seeds"])
 STUDY_IGNITION = {"above": (10, 10), "below": (0, 12)}
-LONG_SHARES, LONG_BUDGET, LONG_SEEDS = (0.02, 0.05), 12000, 5
+LONG_SHARES, LONG_BUDGET, LONG_SEEDS = tuple(_D["long"]["shares"]), int(_D["long"]["budget"]), int(_D["long"]["seeds"])
 """Follow-up added after the first scan (whose arms, budget and rules are unchanged): no seed ignited
 within 3,000 steps at shares <= 0.05, although the frozen constants predict a 2,576-step delay at 0.05.
 A floor (no ignition at all) and a slow rate look the same within a finite budget, so these shares run

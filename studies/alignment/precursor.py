@@ -85,24 +85,26 @@ from studies.alignment.apparatus import (
     job_key,
     run_cached_jobs,
 )
+from studies.alignment.protocol import PRECURSOR_V1
 
 __all__ = ["K", "DRIVES", "FIT_SEEDS", "HELD_SEEDS", "EVERY", "CAP", "LEVELS", "PRECURSOR", "STUDY_PRECURSOR",
            "probe_set", "precursor_config", "precursor_job", "freeze_predictor", "load_predictor",
            "precursor_verdicts", "precursor_figure", "run"]
 
-K = 4
-DRIVES = (0.5, 0.7, 1.0)
+_D = PRECURSOR_V1.data
+K = int(_D["k"])
+DRIVES = tuple(_D["drives"])
 """Learning-rate multipliers (K = 4 at drive 1 ignited from scratch at 275-975 steps in part 1)."""
-FIT_SEEDS = tuple(range(0, 6))
-HELD_SEEDS = tuple(range(6, 12))
-EVERY = 5
-CAP = 6000
-LEVELS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
-WINDOW = 5
+FIT_SEEDS = tuple(_D["fit_seeds"])
+HELD_SEEDS = tuple(_D["held_seeds"])
+EVERY = int(_D["every"])
+CAP = int(_D["cap"])
+LEVELS = tuple(_D["levels"])
+WINDOW = int(_D["window"])
 PRECURSOR = "hidden_target"
 MEASURES = ("hidden_target", "hidden_partial_min", "logit_target", "loss_gap", "source_attention_min")
 STUDY_PRECURSOR = {"median_rel_error": 0.05, "held_out": 6}
-RULE_MAX_ERROR = 0.10
+RULE_MAX_ERROR = float(_D["max_error"])
 
 
 def precursor_config(seed: int, drive: float, steps: int):
