@@ -29,12 +29,14 @@ Seed counts from power targets (checked by the tests with :mod:`studies.alignmen
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
-from circuitfade.claims import Declaration
+import pandas as pd
+
+from circuitfade.claims import Declaration, Verdict, verdict_table
 
 __all__ = ["DECLARATIONS", "declared", "stamp", "APPARATUS_OF", "CURE_SEEDS_V2", "IGNITION_SEEDS_V2",
-           "POWER_TARGETS", "rules_of"]
+           "POWER_TARGETS", "rules_of", "verdict_frame", "stamped", "VERDICT_COLUMNS"]
 
 # ----------------------------------------------------------------------------- version 1 (as it ran)
 _APPARATUS_V1 = {"task": {"name": "kpart", "v": 3, "n_distractors": 1}, "model": "kpart_model(task) (pinned)",
@@ -292,3 +294,29 @@ def stamp(name: str, version: int) -> str:
 def rules_of(name: str, version: int) -> Mapping[str, str]:
     """The declared rules of an experiment version: ``{claim: rule}``."""
     return declared(name, version).data["rules"]
+
+
+VERDICT_COLUMNS = ("claim", "ours", "study", "rule", "apparatus", "protocol", "verdict")
+"""Columns of every verdict table of the study (``verdicts.csv``)."""
+
+
+def verdict_frame(verdicts: Sequence[Verdict], name: str, version: int, apparatus: str | Sequence[str]) -> pd.DataFrame:
+    """:func:`~circuitfade.claims.verdict_table` of ``verdicts`` with the ``apparatus`` (one for all, or one
+    per verdict) and the ``protocol`` stamp of declaration ``name`` v``version`` (:data:`VERDICT_COLUMNS`)."""
+    n = len(verdicts)
+    app = [apparatus] * n if isinstance(apparatus, str) else list(apparatus)
+    if len(app) != n:
+        raise ValueError(f"verdict_frame: {len(app)} apparatus labels for {n} verdicts")
+    return verdict_table(verdicts, extra={"apparatus": app, "protocol": [stamp(name, version)] * n})
+
+
+def stamped(frame: pd.DataFrame, name: str, version: int, apparatus: str) -> pd.DataFrame:
+    """A verdict frame (``claim, ours, study, rule, verdict``) with the ``apparatus`` and ``protocol`` columns
+    added where missing, in :data:`VERDICT_COLUMNS` order; the verdict column as words."""
+    out = frame.copy()
+    if "apparatus" not in out:
+        out["apparatus"] = apparatus
+    if "protocol" not in out:
+        out["protocol"] = stamp(name, version)
+    out["verdict"] = [str(v) for v in out["verdict"]]
+    return out[list(VERDICT_COLUMNS)]
