@@ -36,7 +36,7 @@ import pandas as pd
 from circuitfade.claims import Declaration, Verdict, verdict_table
 
 __all__ = ["DECLARATIONS", "declared", "stamp", "APPARATUS_OF", "CURE_SEEDS_V2", "IGNITION_SEEDS_V2",
-           "POWER_TARGETS", "rules_of", "verdict_frame", "stamped", "VERDICT_COLUMNS"]
+           "POWER_TARGETS", "rules_of", "CURE_V2", "CURE_PILOT_V2", "verdict_frame", "stamped", "VERDICT_COLUMNS"]
 
 # ----------------------------------------------------------------------------- version 1 (as it ran)
 _APPARATUS_V1 = {"task": {"name": "kpart", "v": 3, "n_distractors": 1}, "model": "kpart_model(task) (pinned)",
@@ -196,6 +196,7 @@ PARTS_V2 = Declaration("alignment.parts", 2, {
 
 CURE_PILOT_V2 = Declaration("alignment.cure-pilot", 2, {
     "apparatus": _APPARATUS_V2, "k": 3, "share": 0.5, "budget": 1500, "ws": [1000, 3000, 10000],
+    "conditional_w": {"w": 30000, "only_if": "every seed ignites at W = 10000"},
     "seeds": [100, 101, 102, 103], "arms": ["none"],
     "choose_w": "the pilot W whose untreated fraction igniting within the budget is closest to 1/2 (ties: the "
                 "smaller W); if every pilot W has 0/4 or 4/4, the geometric mean, rounded to 100 steps, of the "
@@ -211,8 +212,27 @@ CURE_PILOT_V2 = Declaration("alignment.cure-pilot", 2, {
             "reproduced if some pilot W has 0 of its seeds igniting within the budget; not reproduced otherwise "
             "(the grid is not extended)",
         "validation loss falls smoothly through the withholding (no warning)":
-            "R <= 1.5 counts as smooth; reproduced if >= n-1 of n withheld runs are smooth, not reproduced if "
-            "more than half are not, partly otherwise"},
+            "R <= 1.5 counts as smooth; over every withheld run of v2 (pilot and confirmatory): reproduced if "
+            ">= n-1 of n are smooth, not reproduced if more than half are not, partly otherwise"},
+})
+
+CURE_V2 = Declaration("alignment.cure", 2, {
+    "apparatus": _APPARATUS_V2, "pilot": "alignment.cure-pilot v2 (its sha256 in pilot_sha256)",
+    "pilot_sha256": CURE_PILOT_V2.sha256(), "k": 3, "share": 0.5, "budget": 1500,
+    "w": None,  # fixed from the pilot by its choose_w rule, before the confirmatory runs
+    "seeds": list(range(CURE_SEEDS_V2)), "power": "POWER_TARGETS['cure']",
+    "arms": {"none": "continue unchanged from the checkpoint at W", "qk": "W_Q, b_Q, W_K, b_K of every head "
+             "re-drawn from the model's initialisation", "ov": "W_V, b_V, W_O of every head re-drawn"},
+    "optimizer": "state kept (as v1)", "same_w": "every arm starts from the same checkpoint and data stream",
+    "pinned_control": "v1's pinned arms at W = 10000 (untreated 2/6) and 30000 (0/6) re-judged by these rules",
+    "rules": {
+        "cure: re-initialising the QK slices restores learnability (vs untreated at the same W)":
+            "reproduced if one-sided Fisher exact p(QK > untreated) < 0.05; not reproduced if the QK rate is not "
+            "above the untreated rate; inconclusive otherwise; not testable if the untreated arm is at 0/n or n/n",
+        "cure: re-initialising the value slices does nothing (vs untreated at the same W)":
+            "not reproduced if either one-sided Fisher exact test (value > untreated, value < untreated) has "
+            "p < 0.05; reproduced if neither has and the rates differ by at most 0.2; inconclusive otherwise; not "
+            "testable if the untreated arm is at 0/n or n/n"},
 })
 
 FDT_V2 = Declaration("alignment.fdt", 2, {
@@ -271,7 +291,7 @@ IGNITION_V2 = Declaration("alignment.ignition", 2, {
 DECLARATIONS: dict[tuple[str, int], Declaration] = {
     (d.name.split(".", 1)[1], d.version): d
     for d in (PARTS_V1, CURE_V1, IGNITION_V1, PRECURSOR_V1, OCCUPATION_V1, ANNEAL_V1, FDT_V1,
-              PARTS_V2, CURE_PILOT_V2, FDT_V2, PRECURSOR_V2, IGNITION_V2)
+              PARTS_V2, CURE_PILOT_V2, CURE_V2, FDT_V2, PRECURSOR_V2, IGNITION_V2)
 }
 """``(experiment, version) -> Declaration``."""
 
