@@ -79,7 +79,8 @@ from studies.alignment.protocol import IGNITION_V1
 
 __all__ = ["K", "SWITCH", "BUDGET", "SHARE_IN_FIT", "ABOVE_SHARE", "BELOW_SHARE", "SCAN_SHARES", "STUDY_IGNITION",
            "share_to_drive", "floor_share", "budget_share", "predictions", "ignition_config", "ignition_specs",
-           "long_specs", "ignition_job", "share_table", "empirical_floor", "ignition_verdicts", "ignition_figure", "run"]
+           "long_specs", "ignition_job", "share_table", "empirical_floor", "ignition_verdicts", "ignition_figure", "run",
+           "dose_specs", "dose_verdicts", "dose_figure", "run_dose"]
 
 _D = IGNITION_V1.data
 K = int(_D["k"])
@@ -473,3 +474,92 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     (out / "ignition.md").write_text(text)
     return {"table": table, "runs": runs, "verdicts": v, "markdown": text, "failed": failed,
             "p_floor": p_floor, "p_budget": p_budget, "bracket": bracket}
+
+
+# ------------------------------------------------------------------ version 2: a dose-response across our threshold
+def dose_specs() -> list[dict]:
+    """The jobs of ``alignment.ignition`` v2: every declared share x seed (pinned, v1's job format)."""
+    from studies.alignment.protocol import declared
+
+    d = declared("ignition", 2).data
+    return [{"kind": "ignition", "k": int(d["k"]), "seed": int(s), "share": float(p), "switch": int(d["switch"]),
+             "budget": int(d["budget"])} for p in sorted(d["shares"], reverse=True) for s in d["seeds"]]
+
+
+def dose_verdicts(below: tuple[int, int] | None, above: tuple[int, int] | None) -> pd.DataFrame:
+    """The two count rows of ``alignment.ignition`` v2 (rules declared there): ``(ignited, n)`` at the lowest and
+    the highest share of the dose-response."""
+    from circuitfade.claims import Claim, Verdict
+    from studies.alignment.protocol import rules_of, verdict_frame
+
+    rules = rules_of("ignition", 2)
+    verdicts = []
+    for cnt, want_none in ((below, True), (above, False)):
+        name = next(c for c in rules if ("never" in c) == want_none)
+        claim = Claim(name, rule=rules[name], study="0/12 below, 10/10 above",
+                      fails_if="two or more ignite" if want_none else "at most half ignite")
+        if cnt is None or cnt[1] == 0:
+            verdicts.append(Verdict.not_run(claim))
+            continue
+        k, n = cnt
+        lo, hi = binomial_exact_interval(k, n)
+        if want_none:
+            outcome = Outcome.REPRODUCED if k == 0 else (Outcome.PARTLY if k == 1 else Outcome.NOT_REPRODUCED)
+        else:
+            outcome = Outcome.REPRODUCED if k >= n - 1 else (Outcome.PARTLY if k > n / 2 else Outcome.NOT_REPRODUCED)
+        verdicts.append(Verdict(claim, f"{k}/{n} [{lo:.2f}, {hi:.2f}]", outcome))
+    return verdict_frame(verdicts, "ignition", 2, "pinned (where the threshold was measured)")
+
+
+def dose_figure(table: pd.DataFrame, v1: pd.DataFrame | None) -> go.Figure:
+    """P(ignite within the budget) vs share, exact 95% intervals: v2's fresh seeds, and v1's seeds 0-4 (grey)."""
+    fig = go.Figure()
+    for t, name, color in ((v1, "v1 scan (seeds 0-4: located the bracket)", "#aaa"),
+                           (table, "v2 dose-response (fresh seeds 5-12)", "#d62728")):
+        if t is None or not len(t):
+            continue
+        f = t.ignited / t.seeds
+        fig.add_scatter(x=t.share, y=f, mode="lines+markers", name=name, marker={"size": 10, "color": color},
+                        line={"color": color}, text=[f"{a}/{b}" for a, b in zip(t.ignited, t.seeds)],
+                        error_y={"type": "data", "symmetric": False, "array": t.frac_hi - f,
+                                 "arrayminus": f - t.frac_lo})
+    fig.update_layout(title=f"Ignition within {BUDGET} steps of the switch vs capability share (K = {K}, pinned)",
+                      xaxis={"title": "capability share after the switch", "type": "log"},
+                      yaxis={"title": "fraction of runs igniting (exact 95%)", "range": [-0.05, 1.1]},
+                      width=820, height=480, template="plotly_white", legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def run_dose(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool = True) -> dict:
+    """``python -m studies.alignment ignition-dose``: ``alignment.ignition`` v2; writes ``OUT/ignition_dose.md``,
+    ``ignition_dose_runs.csv``, ``ignition_dose_verdicts.csv`` and ``fig_ignition_dose``."""
+    from studies.alignment.protocol import declared, stamp
+
+    out, d = Path(out), declared("ignition", 2).data
+    c = load_constants(out / "rate_constants.json")
+    res = run_cached_jobs(ignition_job, dose_specs(), out, workers=workers, progress=progress, desc="ignition v2 jobs")
+    runs = pd.DataFrame([{k: v for k, v in r.items() if k != "curve"} for r in res])
+    runs.to_csv(out / "ignition_dose_runs.csv", index=False)
+    table = share_table(runs, c)
+    v1 = pd.read_csv(out / "ignition_runs.csv") if (out / "ignition_runs.csv").is_file() else None
+    v1t = None
+    if v1 is not None:
+        v1 = v1[v1.share.isin(d["shares"]) & (v1.budget == d["budget"]) & (v1.seed < min(d["seeds"]))]
+        v1t = share_table(v1, c) if len(v1) else None
+    cnt = lambda p: None if not len(table[table.share == p]) else (  # noqa: E731
+        int(table[table.share == p].ignited.iloc[0]), int(table[table.share == p].seeds.iloc[0]))
+    v = dose_verdicts(cnt(min(d["shares"])), cnt(max(d["shares"])))
+    v.to_csv(out / "ignition_dose_verdicts.csv", index=False)
+    save_figure(dose_figure(table, v1t), out / "fig_ignition_dose", png=png)
+    cpu = float(runs.cpu_s.fillna(0).sum()) if "cpu_s" in runs else 0.0
+    cols = ["share", "seeds", "ignited", "frac_lo", "frac_hi", "delay_median", "delay_lo", "delay_hi"]
+    text = "\n".join([
+        "## Ignition: a dose-response across our measured threshold", "",
+        f"Protocol: {stamp('ignition', 2)}. Command: `python -m studies.alignment ignition-dose --out {out}`. "
+        f"K = {K}, pinned preset (where the threshold bracket {d['measured_threshold']} was measured), base-only "
+        f"for {d['switch']} steps then share p; ignited = within {d['budget']} steps. Shares {d['shares']}, fresh "
+        f"seeds {d['seeds']} (n = 8: if the rate at 0.1 is the 1/5 we measured, 'never ignites' fails with "
+        f"probability 0.83). Not run: {d['not_run']}. Training CPU {cpu / 60:.1f} core-min.", "",
+        markdown_table(table[cols].round(3)) if len(table) else "(no runs)", "", markdown_table(v), ""])
+    (out / "ignition_dose.md").write_text(text)
+    return {"table": table, "verdicts": v, "markdown": text}

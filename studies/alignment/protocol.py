@@ -24,7 +24,8 @@ Seed counts from power targets (checked by the tests with :mod:`studies.alignmen
   with power >= 0.8 (power 0.83; 0.64 at n = 8).
 * ignition: ``IGNITION_SEEDS_V2`` = 8, the smallest n at which "below the threshold it never
   ignites" fails with probability >= 0.8 if the true rate at share 0.1 is the 1/5 we measured
-  there (``1 - 0.8^8 = 0.83``). Three shares (0.1, 0.15, 0.2) across the bracket, not five: budget.
+  there (``1 - 0.8^8 = 0.83``). Two shares, the ends of the bracket (0.1, 0.2); the shares inside it
+  were not run (budget).
 """
 
 from __future__ import annotations
@@ -236,7 +237,8 @@ CURE_V2 = Declaration("alignment.cure", 2, {
 })
 
 FDT_V2 = Declaration("alignment.fdt", 2, {
-    "apparatus": {**_APPARATUS_V2, "optimizer": "plain SGD lr 0.2, clip 1"}, "k": 2, "seeds": [0, 1, 2, 3, 4],
+    "apparatus": {**_APPARATUS_V2, "optimizer": "plain SGD lr 0.2, clip 1"}, "k": 2, "seeds": [0, 1, 2],
+    "budget_note": "3 seeds, not v1's 5: the compute budget of this version (about 60 core-minutes in all)",
     "steps": 4000, "wd": 0.03, "T": 1e-4, "spread_tol": 1.5, "min_coords": 200, "stationary_tol": 0.05,
     "groups": "param_family (embed, unembed, QK, OV, MLP) without the parameters whose gradient is zero by "
               "construction: b_K (softmax is invariant to a shift shared by every key of a query row); on the "
@@ -256,10 +258,11 @@ FDT_V2 = Declaration("alignment.fdt", 2, {
 })
 
 PRECURSOR_V2 = Declaration("alignment.precursor", 2, {
-    "apparatus": _APPARATUS_V2, "k": 3, "drives": [0.5, 0.7, 1.0], "fit_seeds": [0, 1, 2, 3, 4, 5],
-    "held_seeds": [6, 7, 8, 9, 10, 11], "every": 5, "cap": 6000, "levels": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3],
+    "apparatus": _APPARATUS_V2, "k": 3, "drives": [0.5, 1.0], "fit_seeds": [0, 1, 2, 3],
+    "held_seeds": [4, 5, 6, 7], "every": 5, "cap": 6000, "levels": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3],
     "window": 5, "precursor": "hidden_target (as v1; not re-selected)",
-    "k_note": "K = 3 (v1: K = 4) to fit the compute budget: unpinned K = 4 took ~1500 steps to ignite",
+    "k_note": "K = 3 (v1: K = 4), two drives and 4 + 4 seeds (v1: three drives, 6 + 6) to fit the compute "
+              "budget: unpinned K = 4 took ~1500 steps to ignite",
     "statistic": "|predicted - actual| / (actual - t_c): the error relative to the time still to go when the "
                  "date is given (t_c: the precursor's crossing step), median over held-out runs with a "
                  "bootstrap 95% interval; the fit-median baseline scored the same way",
@@ -275,10 +278,11 @@ PRECURSOR_V2 = Declaration("alignment.precursor", 2, {
 IGNITION_V2 = Declaration("alignment.ignition", 2, {
     "apparatus": {**_APPARATUS_V1, "model": "kpart_model(task) (pinned: where the threshold was measured)"},
     "k": 3, "switch": 1000, "budget": 3000, "measured_threshold": [0.1, 0.2],
-    "shares": [0.1, 0.15, 0.2], "seeds": list(range(5, 5 + IGNITION_SEEDS_V2)),
+    "shares": [0.1, 0.2], "seeds": list(range(5, 5 + IGNITION_SEEDS_V2)),
     "arms_from": "our measured threshold bracket (0.1, 0.2] (v1 scan, seeds 0-4), not the study's counts; fresh "
                  "seeds 5-12 (v1 ran seeds 0-4 at these shares: they located the bracket and are not reused)",
-    "not_run": "the dose-response on the unpinned apparatus (its threshold is unmeasured; budget)",
+    "not_run": "shares inside the bracket (0.125 - 0.175) and the dose-response on the unpinned apparatus (its "
+               "threshold is unmeasured): budget",
     "rules": {
         "ignition: below the measured threshold it never ignites (share 0.1)":
             "reproduced if none of the n runs ignites within the budget; not reproduced if two or more do; "
