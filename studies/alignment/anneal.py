@@ -94,7 +94,7 @@ from circuitfade.train.langevin import LangevinNoise
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import BATCH, MARGIN, PATIENCE, THRESHOLD, base_config, job_key
-from studies.alignment.protocol import ANNEAL_V1
+from studies.alignment.protocol import ANNEAL_V1, stamp, stamped
 
 __all__ = ["K", "LR_SGD", "T_GRID", "PIN_ARMS", "anneal_schedule", "pin_param_groups", "melting_point",
            "hot_temperature", "melt_job", "pin_job", "anneal_job", "verdicts", "run", "setup", "formed", "train_sgd",
@@ -557,7 +557,7 @@ def _summary_tables(melt: pd.DataFrame, mp: dict, pin_all: pd.DataFrame, ann: pd
 def _markdown(*, seeds, out, form, clipfrac, cpu, wall_s, failed, v, mp, t_hot, found, t_mid, tables) -> str:
     mtab, ptab, atab = tables
     return "\n".join([
-        "## Anneal, melt and pin with Langevin noise", "",
+        "## Anneal, melt and pin with Langevin noise (version 1, pinned)", "", f"Protocol: {stamp('anneal', 1)}.",
         f"Command: `python -m studies.alignment anneal --seeds {seeds} --out {out}`. K = {K}, plain SGD lr {LR_SGD} "
         f"(no momentum / weight decay, gradient norm clipped at {CLIP}) + `LangevinNoise`; circuits formed by SGD at T = 0 until "
         f"ignition + margin (steps {form}). Fraction of steps with a clipped gradient (median over melt runs "
@@ -597,6 +597,7 @@ def run(*, out: str | Path = "results/alignment", seeds: int = SEEDS, progress: 
     failed = ([r for r in melt_res if r["status"] not in ("done",)] + [r for r in pin_res if r["status"] != "done"]
               + [r for r in ann_res if r["status"] == "failed"])
     v = verdicts(melt, pin, ann, t_hot)
+    v = stamped(v, "anneal", 1, "pinned")
     v.to_csv(out / "anneal_verdicts.csv", index=False)
     save_figure(melt_figure(melt, mp), out / "fig_melt", png=png)
     save_figure(pin_figure(pin_all, t_hot), out / "fig_pin", png=png)

@@ -47,7 +47,7 @@ from circuitfade.train.surgery import reinit_slices
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import EVAL_SIZE, base_config, job_key, run_cached_jobs, until_ignition
-from studies.alignment.protocol import CURE_V1
+from studies.alignment.protocol import CURE_V1, stamp, stamped
 
 __all__ = ["K", "WS", "BUDGET", "CURE_SEEDS", "STUDY_CURE", "withheld_config", "withheld_job", "cure_job",
            "scan_table", "critical_w", "cure_verdicts", "cure_figure", "run"]
@@ -371,11 +371,12 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     arms = pd.DataFrame(arms)
     arms[["lo", "hi"]] = [binomial_exact_interval(int(i), int(n)) for i, n in zip(arms.ignited, arms.seeds)]
     v = cure_verdicts(counts, w_crit)
+    v = stamped(v, "cure", 1, "pinned")
     v.to_csv(out / "cure_verdicts.csv", index=False)
     save_figure(cure_figure(scan, arms), out / "fig_cure", png=png)
     cpu = float(wdf.cpu_s.fillna(0).sum()) + float(cdf.cpu_s.fillna(0).sum()) if "cpu_s" in cdf else 0.0
     text = "\n".join([
-        "## Withheld capability and the query-key cure", "",
+        "## Withheld capability and the query-key cure (version 1, pinned)", "", f"Protocol: {stamp('cure', 1)}.",
         f"K = {K}; base-only training for W steps, then capability share {CAP_SHARE} "
         f"(`switch0->{CAP_SHARE}@W`); ignited = ignition within {BUDGET} steps of the switch. Seeds {S}. "
         f"Critical W (smallest W with no seed igniting): {w_crit}. Cure at W = {w_cure}: the QK or OV slices of "

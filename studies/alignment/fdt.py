@@ -69,7 +69,7 @@ from circuitfade.viz.report import markdown_table
 from studies.alignment import anneal as A
 from studies.alignment.anneal import CLIP, LR_SGD
 from studies.alignment.apparatus import cached_job, is_pinned
-from studies.alignment.protocol import FDT_V1
+from studies.alignment.protocol import FDT_V1, stamp, stamped, declared, rules_of, verdict_frame
 
 __all__ = ["FDT_STEPS", "FDT_T", "FDT_WD", "SPREAD_TOL", "anneal_demo", "fdt_job", "fdt_verdicts", "param_family",
            "run", "sgd_fdt_run", "thermal_call", "ZERO_GRADIENT", "family_without", "fdt_verdicts_v2", "run_unpinned"]
@@ -268,7 +268,6 @@ def fdt_verdicts_v2(runs: list[dict], *, apparatus: str, exclude_groups=()) -> p
     """The two claim rows of ``alignment.fdt`` v2 from both arms' jobs: :func:`thermal_call` on each run's groups
     without ``exclude_groups`` (whole families left out, e.g. ``QK`` on the pinned control); not testable
     unless every seed of the arm is stationary. Yaida's relation is not a row (a check: see the declaration)."""
-    from studies.alignment.protocol import rules_of, verdict_frame
 
     rules = rules_of("fdt", 2)
     verdicts = []
@@ -339,6 +338,7 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
     done = [r for r in runs if r["status"] == "done"]
     failed = [r for r in runs if r["status"] != "done"]
     v = fdt_verdicts(runs)
+    v = stamped(v, "fdt", 1, "pinned")
     v.to_csv(out / "fdt_verdicts.csv", index=False)
     tab = pd.DataFrame([{"arm": r["arm"], "seed": r["seed"], "acc_final": r["acc_final"],
                          "clipped_frac": r["clipped_frac"], "yaida_rel": r["yaida"]["relative"],
@@ -358,7 +358,7 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
     fmt = lambda df: markdown_table(df.assign(**{c: [f"{x:.3g}" for x in df[c]] for c in df.columns  # noqa: E731
                                                  if df[c].dtype.kind == "f"}))
     text = "\n".join([
-        "## The fluctuation-dissipation test at stationarity", "",
+        "## The fluctuation-dissipation test at stationarity (version 1, pinned)", "", f"Protocol: {stamp('fdt', 1)}.",
         f"Command: `python -m studies.alignment fdt --out {out}`. K = 2 apparatus, plain SGD lr {LR_SGD} (clip "
         f"{CLIP}), circuit formed at T = 0, then {FDT_STEPS} steps with ({FDT_WD:g}/2)|θ|² in the loss at T = 0 "
         f"(sgd) and T = {FDT_T:g} (langevin); statistics over the second half (batch means, 20 batches, 95%). "
@@ -376,7 +376,6 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
 def _jobs(version: int, out: Path, progress: bool) -> list[dict]:
     """Both arms' jobs of ``alignment.fdt`` v``version`` (v1: pinned, every parameter; v2: unpinned, the
     zero-gradient parameters left out), through the job cache."""
-    from studies.alignment.protocol import declared
 
     d = declared("fdt", version).data
     runs = []
@@ -396,7 +395,6 @@ def run_unpinned(*, out: str | Path = "results/alignment", progress: bool = True
     """``python -m studies.alignment fdt-unpinned``: ``alignment.fdt`` v2 on the unpinned apparatus, and v1's
     pinned jobs re-judged without QK; writes ``OUT/fdt_unpinned.md``, ``fdt_unpinned_verdicts.csv``,
     ``fdt_unpinned_groups.csv`` and ``fig_fdt_unpinned``."""
-    from studies.alignment.protocol import stamp
 
     out = Path(out)
     runs = _jobs(2, out, progress)

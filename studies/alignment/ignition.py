@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from circuitfade.claims import Outcome
+from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.io import read_json
 from circuitfade.stats import binomial_exact_interval, bootstrap_median
 from circuitfade.train import new_run, train
@@ -75,7 +75,7 @@ from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import THRESHOLD, base_config, check_finite, first_acc, run_cached_jobs, until_ignition
 from studies.alignment.parts import load_constants, predict_wait
-from studies.alignment.protocol import IGNITION_V1
+from studies.alignment.protocol import IGNITION_V1, stamp, stamped, declared, rules_of, verdict_frame
 
 __all__ = ["K", "SWITCH", "BUDGET", "SHARE_IN_FIT", "ABOVE_SHARE", "BELOW_SHARE", "SCAN_SHARES", "STUDY_IGNITION",
            "share_to_drive", "floor_share", "budget_share", "predictions", "ignition_config", "ignition_specs",
@@ -390,7 +390,7 @@ def _markdown(*, frozen: Path, runs, ok, table, ltable, bracket, v, failed, agre
     shown = table[["share", "drive", "seeds", "ignited", "frac_lo", "frac_hi", "delay_median", "delay_lo",
                    "delay_hi", "predicted_delay", "predicted_ignites", "p_ignite_if_exponential"]] if len(table) else table
     text = "\n".join([
-        "## Ignition at a step of our choosing", "",
+        "## Ignition at a step of our choosing (version 1, pinned)", "", f"Protocol: {stamp('ignition', 1)}.",
         f"K = {K}; base-only training (capability share 0) for {SWITCH} steps, then share p "
         f"(`switch0->p@{SWITCH}`); ignited = ignition within {BUDGET} steps of the switch. Prediction from the "
         f"frozen constants (`rate_constants.json`, sha256 `{read_json(frozen)['sha256'][:16]}…`, not refitted), "
@@ -465,6 +465,7 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     v = ignition_verdicts(above, below, delay=delay, predicted_delay=float(pred.set_index("share")
                                                                            .predicted_delay[ABOVE_SHARE]),
                           flat=flat, p_budget=p_budget, p_floor=p_floor, bracket=bracket, long=long)
+    v = stamped(v, "ignition", 1, "pinned")
     v.to_csv(out / "ignition_verdicts.csv", index=False)
     if len(table):
         save_figure(ignition_figure(table, c, long_table=ltable), out / "fig_ignition", png=png)
@@ -479,7 +480,6 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
 # ------------------------------------------------------------------ version 2: a dose-response across our threshold
 def dose_specs() -> list[dict]:
     """The jobs of ``alignment.ignition`` v2: every declared share x seed (pinned, v1's job format)."""
-    from studies.alignment.protocol import declared
 
     d = declared("ignition", 2).data
     return [{"kind": "ignition", "k": int(d["k"]), "seed": int(s), "share": float(p), "switch": int(d["switch"]),
@@ -489,8 +489,6 @@ def dose_specs() -> list[dict]:
 def dose_verdicts(below: tuple[int, int] | None, above: tuple[int, int] | None) -> pd.DataFrame:
     """The two count rows of ``alignment.ignition`` v2 (rules declared there): ``(ignited, n)`` at the lowest and
     the highest share of the dose-response."""
-    from circuitfade.claims import Claim, Verdict
-    from studies.alignment.protocol import rules_of, verdict_frame
 
     rules = rules_of("ignition", 2)
     verdicts = []
@@ -533,7 +531,6 @@ def dose_figure(table: pd.DataFrame, v1: pd.DataFrame | None) -> go.Figure:
 def run_dose(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool = True) -> dict:
     """``python -m studies.alignment ignition-dose``: ``alignment.ignition`` v2; writes ``OUT/ignition_dose.md``,
     ``ignition_dose_runs.csv``, ``ignition_dose_verdicts.csv`` and ``fig_ignition_dose``."""
-    from studies.alignment.protocol import declared, stamp
 
     out, d = Path(out), declared("ignition", 2).data
     c = load_constants(out / "rate_constants.json")

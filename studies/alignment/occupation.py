@@ -62,7 +62,7 @@ from circuitfade.stats import binomial_exact_interval
 from circuitfade.train.langevin import LangevinNoise
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
-from studies.alignment.protocol import OCCUPATION_V1
+from studies.alignment.protocol import OCCUPATION_V1, stamp, stamped
 
 __all__ = ["OccupationConfig", "CONFIG", "WS", "simulate", "base_margins", "planted_delays", "predict_critical_w",
            "critical_w", "occupation_verdicts", "run"]
@@ -347,7 +347,8 @@ def run(*, out: str | Path = "results/alignment", cfg: OccupationConfig = CONFIG
     save_figure(fig, out / "fig_occupation", png=png)  # HTML always; a failed PNG export is reported there
     c = cfg
     md = "\n".join([
-        "## Occupation: a controlled gated-attention model of the deadline", "",
+        "## Occupation: a controlled gated-attention model of the deadline (version 1)", "",
+        f"Protocol: {stamp('occupation', 1)}.",
         f"`python -m studies.alignment occupation` (`studies/alignment/occupation.py`; model and rules in its docstring). "
         f"K = {c.K} parts, N = {c.N} keys, V = {c.V}, SGD lr {c.lr}, weight decay {c.wd}, Langevin T = {c.T}, "
         f"capability share {c.share} after the switch, budget {c.budget} steps, gate g = {c.gate}, "
@@ -359,6 +360,7 @@ def run(*, out: str | Path = "results/alignment", cfg: OccupationConfig = CONFIG
         f"{rel_err:.2f} over {n_rel} W.", "",
         markdown_table(table), "", markdown_table(verdicts), ""])
     (out / "occupation.md").write_text(md)
+    verdicts = stamped(verdicts, "occupation", 1, "toy model (no transformer)")
     verdicts.to_csv(out / "occupation_verdicts.csv", index=False)
     return {"scan": scan, "margins": margin_w, "planted": delays_m, "prediction": pred, "measured": w_meas,
             "cures": cures, "verdicts": verdicts, "markdown": md}

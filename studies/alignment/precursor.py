@@ -69,7 +69,7 @@ from circuitfade.analysis.precursor import (
     relative_errors,
     source_attention,
 )
-from circuitfade.claims import Outcome
+from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.io import content_hash, read_json, write_json
 from circuitfade.train import new_run, train
 from circuitfade.viz.plots import save_figure
@@ -86,7 +86,7 @@ from studies.alignment.apparatus import (
     job_key,
     run_cached_jobs,
 )
-from studies.alignment.protocol import PRECURSOR_V1
+from studies.alignment.protocol import PRECURSOR_V1, stamp, stamped, declared, rules_of, verdict_frame
 
 __all__ = ["K", "DRIVES", "FIT_SEEDS", "HELD_SEEDS", "EVERY", "CAP", "LEVELS", "PRECURSOR", "STUDY_PRECURSOR",
            "probe_set", "precursor_config", "precursor_job", "freeze_predictor", "load_predictor",
@@ -322,7 +322,7 @@ def _markdown(*, runs, ok, curves, const, sens, c, frozen: Path, failed, err, v,
                                        rel_error_drive=("rel_error_drive", "median"),
                                        lead_fraction=("lead_fraction", "median")).reset_index()
     text = "\n".join([
-        "## Dating an arrival before it happens", "",
+        "## Dating an arrival before it happens (version 1, pinned)", "", f"Protocol: {stamp('precursor', 1)}.",
         f"K = {K}, drives (lr multipliers) {list(DRIVES)}, fit seeds {list(FIT_SEEDS)}, held-out seeds "
         f"{list(HELD_SEEDS)}; evaluation every {EVERY} steps; precursor `{PRECURSOR}` on all "
         f"{3 ** (K + 1)} inputs. Frozen predictor (`precursor_constants.json`, sha256 "
@@ -369,6 +369,7 @@ def run(*, out: str | Path, workers: int = 1, progress: bool = True, png: bool =
     base_m = float(np.median(held.rel_error_median)) if len(held) else None
     base_d = float(np.median(held.rel_error_drive)) if len(held) else None
     v = precursor_verdicts(err, base_m, base_d, len(held))
+    v = stamped(v, "precursor", 1, "pinned")
     v.to_csv(out / "precursor_verdicts.csv", index=False)
     save_figure(precursor_figure(runs, curves, float(c["level"])), out / "fig_precursor", png=png)
     sens = sensitivity(ok[ok.split == "held-out"], curves, const["scan"])
@@ -395,8 +396,6 @@ def precursor_verdicts_v2(err: tuple[float, float, float] | None, baseline: floa
                           apparatus: str) -> pd.DataFrame:
     """The ``alignment.precursor`` v2 row: ``err`` = (median, lo, hi) of :func:`remaining_errors` on the held-out
     runs, ``baseline`` the fit-median baseline's median on the same denominator."""
-    from circuitfade.claims import Claim, Verdict
-    from studies.alignment.protocol import rules_of, verdict_frame
 
     (name, rule), = rules_of("precursor", 2).items()
     claim = Claim(name, rule=rule, study=f"5% median relative error on {STUDY_PRECURSOR['held_out']} held-out models "
@@ -424,7 +423,6 @@ def run_unpinned(*, out: str | Path, workers: int = 1, progress: bool = True, pn
     (``precursor_unpinned_constants.json``), the error against the time still to go; v1's pinned runs re-scored.
     Writes ``OUT/precursor_unpinned.md``, ``precursor_unpinned_runs.csv``, ``precursor_unpinned_verdicts.csv``
     and ``fig_precursor_unpinned``."""
-    from studies.alignment.protocol import declared, stamp
 
     out, d = Path(out), declared("precursor", 2).data
     specs = [{"kind": "precursor", "apparatus": "unpinned", "k": int(d["k"]), "seed": s, "drive": float(dr),
