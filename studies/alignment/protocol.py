@@ -220,7 +220,8 @@ CURE_PILOT_V2 = Declaration("alignment.cure-pilot", 2, {
 CURE_V2 = Declaration("alignment.cure", 2, {
     "apparatus": _APPARATUS_V2, "pilot": "alignment.cure-pilot v2 (its sha256 in pilot_sha256)",
     "pilot_sha256": CURE_PILOT_V2.sha256(), "k": 3, "share": 0.5, "budget": 1500,
-    "w": None,  # fixed from the pilot by its choose_w rule, before the confirmatory runs
+    "w": 10000,  # fixed from the pilot by its choose_w rule, before the confirmatory runs
+    "pilot_result": {"1000": "4/4", "3000": "4/4", "10000": "3/4"},
     "seeds": list(range(CURE_SEEDS_V2)), "power": "POWER_TARGETS['cure']",
     "arms": {"none": "continue unchanged from the checkpoint at W", "qk": "W_Q, b_Q, W_K, b_K of every head "
              "re-drawn from the model's initialisation", "ov": "W_V, b_V, W_O of every head re-drawn"},

@@ -153,7 +153,7 @@ def _routing_table(jobs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _markdown(out: Path, table, summary, routing, cells_u, failed, cpu) -> str:
+def _markdown(out: Path, table, routing, cells_u, failed, cpu) -> str:
     return "\n".join([
         "## Part ablation on the unpinned apparatus", "",
         f"Protocol: {stamp('parts', 2)}. Command: `python -m studies.alignment unpinned --out {out}`. "
@@ -192,6 +192,6 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
         groups["developing series (checkpoint x part)"] = series[series.kind == "part"]
     save_figure(credit_figure(groups), out / "fig_credit", png=png)
     cpu = sum(float(j.get("cpu_s", 0) or 0) for j in jobs)
-    text = _markdown(out, table, summary, _routing_table(jobs), cells_u, failed, cpu)
+    text = _markdown(out, table, _routing_table(jobs), cells_u, failed, cpu)
     (out / "unpinned.md").write_text(text)
     return {"verdicts": table, "summary": summary, "ablation": abl, "markdown": text, "failed": failed}

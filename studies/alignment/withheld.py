@@ -147,9 +147,9 @@ def cure_job(spec: Mapping, out: str) -> dict:
 
 
 # ------------------------------------------------------------------ verdicts
-def _claim(name: str, version_name: str, study: str, fails_if: str) -> Claim:
-    version = 2
-    return Claim(name, rule=rules_of(version_name, version)[name], study=study, fails_if=fails_if)
+def _claim(name: str, experiment: str, study: str, fails_if: str) -> Claim:
+    """The claim ``name`` with its rule as declared in ``alignment.<experiment>`` v2."""
+    return Claim(name, rule=rules_of(experiment, 2)[name], study=study, fails_if=fails_if)
 
 
 def pilot_verdicts(pilot: pd.DataFrame | None, smooth: Sequence[float]) -> list[Verdict]:
