@@ -404,7 +404,7 @@ def run_unpinned(*, out: str | Path = "results/alignment", progress: bool = True
     v.to_csv(out / "fdt_unpinned_verdicts.csv", index=False)
     done = [r for r in runs if r["status"] == "done"]
     groups = pd.DataFrame([{"arm": r["arm"], "seed": r["seed"], **g} for r in done for g in r["groups"]])
-    groups.to_csv(out / "fdt_unpinned_groups.csv", index=False)
+    groups.assign(protocol=stamp("fdt", 2)).to_csv(out / "fdt_unpinned_groups.csv", index=False)
     save_figure(fdt_figure(runs, qk_note="QK: learned routing, b_K left out"), out / "fig_fdt_unpinned", png=png)
     tab = pd.DataFrame([{"arm": r["arm"], "seed": r["seed"], "acc_final": r["acc_final"], "form_steps": r["form_steps"],
                          "clipped_frac": r["clipped_frac"], "yaida_rel": r["yaida"]["relative"],

@@ -536,7 +536,7 @@ def run_dose(*, out: str | Path, workers: int = 2, progress: bool = True, png: b
     c = load_constants(out / "rate_constants.json")
     res = run_cached_jobs(ignition_job, dose_specs(), out, workers=workers, progress=progress, desc="ignition v2 jobs")
     runs = pd.DataFrame([{k: v for k, v in r.items() if k != "curve"} for r in res])
-    runs.to_csv(out / "ignition_dose_runs.csv", index=False)
+    runs.assign(protocol=stamp("ignition", 2)).to_csv(out / "ignition_dose_runs.csv", index=False)
     table = share_table(runs, c)
     v1 = pd.read_csv(out / "ignition_runs.csv") if (out / "ignition_runs.csv").is_file() else None
     v1t = None

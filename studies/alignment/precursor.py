@@ -435,7 +435,7 @@ def run_unpinned(*, out: str | Path, workers: int = 1, progress: bool = True, pn
     ok, c, const, frozen = _predict(runs, curves, out, "precursor_unpinned_constants.json")
     ok["rel_error_remaining"] = remaining_errors(ok)
     ok["rel_error_remaining_median"] = remaining_errors(ok, "pred_median")
-    ok.to_csv(out / "precursor_unpinned_runs.csv", index=False)
+    ok.assign(protocol=stamp("precursor", 2)).to_csv(out / "precursor_unpinned_runs.csv", index=False)
     v1 = pd.read_csv(out / "precursor_runs.csv") if (out / "precursor_runs.csv").is_file() else pd.DataFrame()
     v1_held = v1[(v1.split == "held-out") & (v1.status == "ignited")] if len(v1) else v1
     v = pd.concat([_v2_row(ok[ok.split == "held-out"], "unpinned"),

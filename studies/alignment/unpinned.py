@@ -177,7 +177,7 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     jobs = run_cached_jobs(unpinned_base_job, specs, out, workers=workers, progress=progress, desc="unpinned jobs")
     failed = [j for j in jobs if j.get("status") == "failed" or j.get("ignition") is None]
     abl = pd.DataFrame([r for j in jobs for r in j.get("ablation", [])])
-    abl.to_csv(out / "part_ablation_unpinned.csv", index=False)
+    abl.assign(protocol=stamp("parts", 2)).to_csv(out / "part_ablation_unpinned.csv", index=False)
     mean_u = abl[abl.method == "mean"] if len(abl) else None
     pinned = pd.read_csv(out / "part_ablation.csv") if (out / "part_ablation.csv").is_file() else None
     mean_p = None if pinned is None else pinned[pinned.method == "mean"]

@@ -373,7 +373,8 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     v.to_csv(out / "withheld_verdicts.csv", index=False)
     stage = lambda r: "pilot" if r["seed"] in _P["seeds"] else "confirmatory"  # noqa: E731
     pd.DataFrame([{**{k: x for k, x in r.items() if k not in ("curve", "val_curve", "source")},
-                   "stage": stage(r), "arm": r.get("which", "none")} for r in pres + wres + cres]).to_csv(
+                   "stage": stage(r), "arm": r.get("which", "none"),
+                   "protocol": stamp("cure-pilot" if stage(r) == "pilot" else "cure", 2)} for r in pres + wres + cres]).to_csv(
         out / "withheld_runs.csv", index=False)
     curves = [{"w": r["w"], "seed": r["seed"], "stage": stage(r), "steps": r["val_curve"][0],
                "loss": r["val_curve"][1]} for r in allw if r.get("val_curve")]
