@@ -21,7 +21,7 @@ def _steps(model, groups, restore, n=5, T=1e-2):
     from circuitfade.gating.evaluation import answer_logits
 
     task = model_task()
-    opt = anneal._sgd(groups, T, 3, n)
+    opt = anneal.sgd(groups, T, 3, n)
     gen = torch.Generator().manual_seed(0)
     for _ in range(n):
         b = task.sample(BATCH, gen)

@@ -121,3 +121,28 @@ def test_damage_rows_fall_back_to_the_persisted_table(tmp_path):
         _damage_rows([{"w": 600, "seed": 2, "status": "censored", "run_dir": gone}], csv)
     with pytest.raises(FileNotFoundError, match="has no row"):
         _damage_rows([{"w": 300, "seed": 2, "status": "censored", "run_dir": gone}], tmp_path / "absent.csv")
+
+
+def test_unpinned_withheld_job_records_the_validation_curve_and_the_cure_redraws_every_head(tmp_path):
+    """Version 2: a tiny withheld run on the unpinned preset (30 base-only steps, budget 20) records its
+    validation-loss curve and smoothness, and checkpoints the switch; the QK cure continues from there."""
+    import torch
+
+    from circuitfade.io import read_json
+    from circuitfade.train import RunConfig, load_checkpoint, new_run
+    from studies.alignment import apparatus, withheld
+
+    torch.set_num_threads(1)
+    spec = {"kind": "withheld", "apparatus": "unpinned", "k": 3, "seed": 0, "w": 30, "budget": 20, "share": 0.5}
+    r = withheld.withheld_job(spec, str(tmp_path))
+    assert r["status"] == "censored" and r["final_step"] == 50
+    steps, loss = r["val_curve"]
+    assert steps == [0, 25, 30] and loss[0] > loss[-1] and r["smoothness"] >= 1.0
+    src = tmp_path / "runs" / apparatus.job_key(spec)
+    run = new_run(RunConfig.from_dict(read_json(src / "config.json")))
+    assert run.config.model["priors"] == []  # the unpinned preset
+    load_checkpoint(run, src, 30)
+    assert run.step == 30 and run.model.cfg.n_heads == 5  # K + 2 heads, every one a candidate
+    c = withheld.cure_job({"kind": "cure", "apparatus": "unpinned", "k": 3, "seed": 0, "w": 30, "which": "qk",
+                           "budget": 20, "share": 0.5, "source": spec}, str(tmp_path))
+    assert c["status"] == "censored" and c["final_step"] == 50 and c["acc_after_reinit"] < 0.6

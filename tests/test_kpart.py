@@ -274,3 +274,18 @@ def test_capability_share_is_a_mix_schedule_the_trainer_follows():
     fit(run, task=task, eval_batch=ev, progress=False)
     assert seen == [0.0, pytest.approx(0.5), 1.0, 1.0]
     assert [m["p_capability"] for m in run.metrics] == [0.0, 1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_unpinned_base_job_trains_finds_routing_parts_and_ablates_them(tmp_path):
+    """Version 2 of part ablation end to end on K = 2: trained from scratch on the unpinned preset until
+    ignition, its parts found by routing, each part and each non-part head ablated (three methods)."""
+    from studies.alignment.unpinned import unpinned_base_job
+
+    r = unpinned_base_job({"kind": "base", "apparatus": "unpinned", "k": 2, "seed": 0}, str(tmp_path))
+    assert r["ignition"] is not None and r["final_acc"] > 0.9
+    parts = [tuple(p) for p in r["routing"]["parts"]]
+    assert len(set(parts)) == 2 and all(0 <= h < 4 for _, h in parts)
+    df = pd.DataFrame(r["ablation"])
+    assert set(df.method) == {"mean", "zero", "resample"} and len(df[df.kind == "random"]) == 3 * 2
+    assert set(df[df.kind == "part"].heads) == {f"L0H{h}" for _, h in parts}

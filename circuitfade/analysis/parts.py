@@ -33,10 +33,25 @@ exact sign test (under partial credit a cell is as likely above as below its
 prediction; ``p = P(Binomial(n, 1/2) >= n_below)``; the study's 32 of 32 gives
 ``2^-32 = 2.3e-10``, its reported ``p = 2e-10``). The test is
 :func:`circuitfade.stats.sign_test`.
+
+:func:`credit_verdict` classifies pooled cells as partial credit, no partial credit or
+undecided, by one stated rule (see there): the *credit ratio* of a cell is its retained
+fraction over the partial-credit prediction, ``c = retained / ((K-1)/K)`` (0: no partial
+credit, 1: exactly partial credit), and the verdict reads the distribution-free 95%
+interval of the median ``c`` against :data:`CREDIT_SPLIT` = 0.5, half way between the two
+predictions. Unlike "every cell below (K-1)/K", it says "partial credit" for a circuit whose
+parts add evidence (tested on planted additive and conjunction circuits).
+
+:func:`routing_parts` finds the parts of a circuit whose heads route their own inputs (no
+fixed prior): the distinct heads with the largest attention from the answer position to
+each input position.
 """
 
 from __future__ import annotations
 
+import enum
+import itertools
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -50,7 +65,8 @@ from circuitfade.tasks import Batch, Task, eval_set
 from circuitfade.stats import sign_test
 
 __all__ = ["METHODS", "PART_COLUMNS", "part_ablation", "trace_part_ablation", "pool_cells", "sign_test",
-           "normalize_parts", "retained_fraction"]
+           "normalize_parts", "retained_fraction", "Credit", "CREDIT_SPLIT", "credit_verdict", "median_order_interval",
+           "routing_parts"]
 
 METHODS = ("mean", "zero", "resample")
 PART_COLUMNS = ("kind", "part", "heads", "method", "n_parts", "acc_intact", "acc_ablated", "chance",
@@ -288,3 +304,107 @@ def pool_cells(frame: pd.DataFrame, by: Sequence[str], *, kind: str = "part", n_
     return {"cells": cells, "n_cells": len(cells), "n_discriminating": len(ok), "median": med, "median_lo": lo,
             "median_hi": hi, "n_below": n_below, "p_sign": sign_test(n_below, len(ok)),
             "test": "one-sided exact sign test, P(Binomial(n, 1/2) >= n_below)"}
+
+
+# ----------------------------------------------------------------------------- the verdict rule
+class Credit(str, enum.Enum):
+    """What pooled part ablations show (:func:`credit_verdict`)."""
+
+    NONE = "no partial credit"
+    PARTIAL = "partial credit"
+    UNDECIDED = "undecided"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CREDIT_SPLIT = 0.5
+"""Credit ratio half way between no partial credit (0) and partial credit (1)."""
+
+
+def median_order_interval(values, level: float = 0.95) -> tuple[float, float, float, float]:
+    """``(median, lo, hi, coverage)``: the distribution-free interval ``[x_(l), x_(n+1-l)]`` of the
+    median of ``values`` (sorted ``x_(1) <= .. <= x_(n)``), ``l`` the largest index whose coverage
+    ``1 - 2 P(Binomial(n, 1/2) <= l - 1)`` is at least ``level``. With too few values for ``level``
+    (``n <= 5`` at 0.95) it is ``[x_(1), x_(n)]`` and ``coverage = 1 - 2^(1-n)`` is below ``level``.
+    NaN values are dropped; no values: all NaN."""
+    x = np.sort(np.asarray(values, dtype=float))
+    x = x[~np.isnan(x)]
+    n = len(x)
+    if n == 0:
+        return (float("nan"),) * 4
+    cover = lambda l: 1.0 - 2.0 * sum(math.comb(n, j) for j in range(l)) / 2.0 ** n  # noqa: E731
+    l = 1
+    while l + 1 <= (n + 1) // 2 and cover(l + 1) >= level:
+        l += 1
+    return float(np.median(x)), float(x[l - 1]), float(x[n - l]), float(cover(l))
+
+
+def credit_verdict(cells, *, split: float = CREDIT_SPLIT, level: float = 0.95) -> dict:
+    """Classify pooled part ablations: partial credit, no partial credit, or undecided.
+
+    ``cells``: the ``pool_cells(...)`` dict, or a frame with one row per cell and columns
+    ``retained`` (the cell's mean retained fraction) and ``partial_credit`` (``(K-1)/K``).
+    Per discriminating cell (finite ``retained``) the credit ratio ``c = retained / partial_credit``;
+    over cells the median with its distribution-free interval (:func:`median_order_interval` at ``level``).
+
+    Rule (thresholds as stated): :attr:`Credit.NONE` if the interval lies below ``split`` (0.5),
+    :attr:`Credit.PARTIAL` if it lies above, :attr:`Credit.UNDECIDED` if it contains ``split``
+    or its coverage is below ``level`` (fewer than 6 cells at 0.95). Returns ``{"verdict",
+    "median", "lo", "hi", "coverage", "n", "split", "ratios"}``.
+    """
+    frame = cells["cells"] if isinstance(cells, Mapping) else cells
+    if not isinstance(frame, pd.DataFrame) or not {"retained", "partial_credit"} <= set(frame.columns):
+        raise ValueError("credit_verdict: expected pool_cells(...) or a frame with columns retained, partial_credit")
+    if not 0 < split < 1:
+        raise ValueError(f"credit_verdict: split must be in (0, 1), got {split!r}")
+    pc = frame["partial_credit"].to_numpy(float)
+    if np.any(pc <= 0):
+        raise ValueError("credit_verdict: partial_credit must be > 0 (K >= 2 parts)")
+    ratios = frame["retained"].to_numpy(float) / pc
+    ratios = ratios[np.isfinite(ratios)]
+    med, lo, hi, cov = median_order_interval(ratios, level)
+    if len(ratios) == 0 or cov < level or lo <= split <= hi:
+        verdict = Credit.UNDECIDED
+    else:
+        verdict = Credit.NONE if hi < split else Credit.PARTIAL
+    return {"verdict": verdict, "median": med, "lo": lo, "hi": hi, "coverage": cov, "n": int(len(ratios)),
+            "split": split, "ratios": ratios.tolist()}
+
+
+# ----------------------------------------------------------------------------- parts of an unpinned circuit
+@torch.no_grad()
+def routing_parts(model, tokens: Tensor, sources: Sequence[int], query_pos: int, *, layer: int = 0) -> dict:
+    """The heads that route each source position to the answer position: one distinct head per source.
+
+    ``A[h, i]``: head ``h``'s attention from ``query_pos`` to ``sources[i]`` (``blocks.{layer}.attn.hook_pattern``,
+    mean over the batch ``tokens``). Part ``i`` is head ``h_i``, the assignment of distinct heads that
+    maximises ``sum_i A[h_i, i]`` (exhaustive over ordered head choices; ties: the first in
+    lexicographic order). Returns ``{"parts": [(layer, h_i)], "attention": A (heads x sources, list),
+    "own": [A[h_i, i]], "shared": [sum_{h != h_i} A[h, i]]}`` (``shared``: how much of input ``i``
+    other heads carry too).
+    """
+    n_layers, n_heads = check_model(model, "hook_pattern")
+    sources = [int(s) for s in sources]
+    if not 0 <= layer < n_layers or not sources or len(sources) > n_heads:
+        raise ValueError(f"routing_parts: need 1..{n_heads} sources and a layer in [0, {n_layers}), "
+                         f"got {len(sources)} sources, layer {layer}")
+    if not all(0 <= s <= query_pos < tokens.shape[1] for s in sources):
+        raise ValueError(f"routing_parts: sources {sources} and query_pos {query_pos} must be positions "
+                         f"of the {tokens.shape[1]}-token batch with sources <= query_pos")
+    name = f"blocks.{layer}.attn.hook_pattern"
+    was_training = model.training
+    model.eval()
+    try:
+        _, cache = model.run_with_cache(tokens, names_filter=name)
+    finally:
+        model.train(was_training)
+    A = cache[name][:, :, query_pos, sources].mean(0).double()  # [head, source]
+    best, best_val = None, -1.0
+    for heads in itertools.permutations(range(n_heads), len(sources)):
+        val = float(sum(A[h, i] for i, h in enumerate(heads)))
+        if val > best_val + 1e-12:
+            best, best_val = heads, val
+    own = [float(A[h, i]) for i, h in enumerate(best)]
+    shared = [float(A[:, i].sum() - A[h, i]) for i, h in enumerate(best)]
+    return {"parts": [(layer, int(h)) for h in best], "attention": A.tolist(), "own": own, "shared": shared}

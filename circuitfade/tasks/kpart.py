@@ -39,6 +39,16 @@ attend only to input ``i``; the spare heads read a distractor or the query token
 The K parts are then the K heads' value/output slices (with what the shared MLP does
 with them), identifiable by construction. The permutations ``π_i`` make every input
 enter the target differently, so no head could stand in for another.
+
+The price of the pin: every part is the *only* route for its input and its query-key
+slices cannot move its attention, so on this shortcut-free task ablating any one part
+gives chance in *any* model, trained or not, and a test of "no partial credit" on the
+pinned preset cannot fail. The *unpinned* preset (``kpart_model(task, pinned=False)``,
+:data:`APPARATUS`) drops the prior: each head learns its own routing, a part is its QK
+*and* OV slices, heads may share inputs or attend partly to the right one, and the part
+ablation statistic can report partial credit. Its parts are found after training
+(:func:`circuitfade.analysis.parts.routing_parts`). :func:`hand_built_additive_model` on
+:func:`additive_batch` is the planted counterpart with partial credit by construction.
 The read-out needs a non-linearity: no read-out that is a *sum* of per-input terms
 (what a one-layer attention-only model computes, ``logit_y = Σ_i f_i(x_{p_i}, y)``)
 can compute ``y`` (already for ``V = 2, K = 2`` the four sign conditions of XOR
@@ -51,7 +61,8 @@ into one residual direction ``s``, so the residual at the query holds the intege
 ``[S = s] = r_{s-1} - 2 r_s + r_{s+1}`` with ``r_t = relu(S - t)`` (exact on integers)
 and writes ``[S = s]`` to the answer direction of ``s mod V``. Its parts are the K
 heads ``(0, 0) .. (0, K-1)``; heads ``K, K+1, ..`` are non-parts (they attend to the
-distractors and write into a direction nothing reads).
+distractors and write into a direction nothing reads). With ``pinned=False`` the same
+routing is set by hand in ``W_Q, W_K`` instead of coming from the prior.
 
 Data mix ("drive" for the waiting-time experiments)
 ----------------------------------------------------
@@ -79,7 +90,8 @@ from circuitfade.model.priors import AttentionPrior, PriorInputs, register_prior
 
 from .base import IGNORE_INDEX, Batch, Task, check_sample_args
 
-__all__ = ["KPartConfig", "KPart", "kpart_model", "hand_built_model", "conditional_target_table", "K_RANGE"]
+__all__ = ["KPartConfig", "KPart", "kpart_model", "hand_built_model", "hand_built_additive_model", "additive_batch",
+           "conditional_target_table", "K_RANGE", "APPARATUS"]
 
 K_RANGE = (2, 6)
 """Smallest and largest K the apparatus supports (inclusive)."""
@@ -263,69 +275,120 @@ def register_pin() -> None:
         register_prior(PIN_PRIOR, PinnedReadout)
 
 
-def kpart_model(task: KPart, *, spare_heads: int = 2, d_model: int = 32, d_head: int = 8, d_mlp: int = 64) -> dict:
+APPARATUS = ("pinned", "unpinned")
+"""The two model presets of :func:`kpart_model`: ``"pinned"`` (each part head's read-out fixed by
+:class:`PinnedReadout`; the parts are the heads' value/output slices) and ``"unpinned"`` (no prior:
+every head learns its own query-key routing, so a part is its QK *and* OV slices)."""
+
+
+def kpart_model(task: KPart, *, spare_heads: int = 2, d_model: int = 32, d_head: int = 8, d_mlp: int = 64,
+                pinned: bool = True) -> dict:
     """``SoftPriorConfig`` overrides (JSON form, for ``RunConfig.model``) sized for ``task``.
 
-    One layer with ``K + spare_heads`` heads whose read-out attention is pinned by the
-    fixed :class:`PinnedReadout` prior (head ``i < K`` reads input ``i``; the spare heads,
-    the non-part heads a random-head ablation draws from, read distractors or the query
-    token), learned absolute positional embeddings, one ReLU MLP (the read-out needs a
-    non-linearity, see the module docstring), no LayerNorm. Apart from the fixed pin it is
-    a plain ``HookedTransformer`` computation with the standard hooks. ``d_vocab`` and
-    ``n_ctx`` come from the task. Needs the default input positions ``0 .. K-1``.
+    One layer with ``K + spare_heads`` heads, learned absolute positional embeddings, one
+    ReLU MLP (the read-out needs a non-linearity, see the module docstring), no LayerNorm;
+    ``d_vocab`` and ``n_ctx`` come from the task. Two presets (:data:`APPARATUS`):
+
+    * ``pinned=True`` (the default): the read-out attention is pinned by the fixed
+      :class:`PinnedReadout` prior (head ``i < K`` reads input ``i``; the spare heads, the
+      non-part heads a random-head ablation draws from, read distractors or the query
+      token). The parts are identifiable by construction, but every part is the *only*
+      route for its input and its query-key slices cannot move its query-row attention:
+      on the shortcut-free task any single-part ablation then gives chance in any model.
+      Needs the default input positions ``0 .. K-1``.
+    * ``pinned=False``: no prior at all, a plain one-layer ``HookedTransformer``
+      computation. Each head learns where to attend (``W_Q, W_K`` on token + position
+      embeddings), so a part is a head's QK *and* OV slices, several heads may share an
+      input, and a head may attend partly to the right input: partial alignment is
+      possible. Which heads are the parts is then found after training (e.g.
+      :func:`circuitfade.analysis.parts.routing_parts`), not fixed in advance.
+
+    Apart from the fixed pin both are plain ``HookedTransformer`` computations with the standard hooks.
     """
     _check_int("spare_heads", spare_heads, 0)
+    if not isinstance(pinned, bool):
+        raise ValueError(f"pinned: expected a bool, got {pinned!r}")
+    common = {"n_layers": 1, "n_heads": task.k + spare_heads, "d_model": d_model, "d_head": d_head,
+              "d_mlp": d_mlp, "attn_only": False, "act_fn": "relu", "positional_embedding_type": "standard",
+              "normalization_type": None}
+    if not pinned:
+        return {**common, "priors": [], **task.model_overrides}
     register_pin()
     if task.positions != tuple(range(task.k)):
         raise ValueError(f"kpart_model pins head i to position i; needs positions 0..K-1, got {task.positions}")
-    return {
-        "n_layers": 1, "n_heads": task.k + spare_heads, "d_model": d_model, "d_head": d_head, "d_mlp": d_mlp,
-        "attn_only": False, "act_fn": "relu", "positional_embedding_type": "standard",
-        "normalization_type": None, "priors": [PIN_PRIOR], "gate_modes": {PIN_PRIOR: "fixed"}, "gate_init": 1.0,
-        **task.model_overrides,
-    }
+    return {**common, "priors": [PIN_PRIOR], "gate_modes": {PIN_PRIOR: "fixed"}, "gate_init": 1.0,
+            **task.model_overrides}
 
 
-def hand_built_model(task: KPart, *, spare_heads: int = 2, margin: float = 10.0):
-    """A model of the :func:`kpart_model` preset whose weights are set by hand to solve ``task`` exactly.
-
-    Returns ``(model, parts)`` with ``parts = [(0, i) for i in range(K)]`` (layer, head).
-    Attention comes from the pinned prior alone (``W_Q = W_K = 0``), so head ``i`` reads
-    only position ``i`` at the query (other keys get weight ``exp(-30)``). Residual
-    layout (``d_model`` as the preset, or larger if the layout needs it): ``[0, n_ctx)``
-    position one-hots, then ``d_vocab`` token one-hots, then ``s`` (the running sum),
-    ``junk`` (written by the non-part heads, read by nothing), then ``V`` answer
-    directions. Part ``i < K`` writes ``π_i(token)`` on ``s``; a non-part head writes the
-    token id it reads on ``junk``. The MLP (``K(V-1) + 3`` ReLU units ``r_t = relu(S - t)``,
-    ``t = -1 .. K(V-1)+1``; the rest zero) writes ``margin * [S = s]`` (with
-    ``[S = s] = r_{s-1} - 2 r_s + r_{s+1}``) on the answer direction of ``s mod V``; the
-    unembedding reads the answer directions. Logits: ``margin`` on the answer, 0 elsewhere.
-    """
+def _routed_model(task: KPart, spare_heads: int, pinned: bool, d_head: int = 8):
+    """A zeroed model of the :func:`kpart_model` preset whose heads already attend where the hand-built
+    circuits need them: head ``h`` reads position ``h`` at the query (``h < n_ctx - 1``; later heads the query
+    itself), by the pin (``pinned``) or by hand-set ``W_Q, W_K`` (query token one-hot x position one-hot,
+    score ``PIN_BIAS`` on that key, 0 on the others). Returns ``(model, layout)`` with the residual layout
+    ``{"POS", "TOK", "S", "JUNK", "ANS"}`` (position one-hots, token one-hots, the running sum, the junk
+    direction non-part heads write, then ``V`` answer directions); embeddings and unembedding are set."""
     from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 
-    k, v, n_ctx = task.k, task.v, task.n_ctx
-    s_max = k * (v - 1)
-    n_units = s_max + 3
-    cfg_d = kpart_model(task, spare_heads=spare_heads)
+    v, n_ctx = task.v, task.n_ctx
+    cfg_d = kpart_model(task, spare_heads=spare_heads, pinned=pinned, d_head=d_head)
     cfg_d["d_model"] = max(cfg_d["d_model"], n_ctx + task.d_vocab + 2 + v)
-    cfg_d["d_mlp"] = max(cfg_d["d_mlp"], n_units)
+    cfg_d["d_mlp"] = max(cfg_d["d_mlp"], task.k * (v - 1) + 3)
     cfg = SoftPriorConfig.from_json_dict(cfg_d, source="hand_built_model")
     model = SoftPriorTransformer(cfg)
-    POS, TOK = 0, n_ctx
-    S, JUNK, ANS = n_ctx + task.d_vocab, n_ctx + task.d_vocab + 1, n_ctx + task.d_vocab + 2
+    lay = {"POS": 0, "TOK": n_ctx, "S": n_ctx + task.d_vocab, "JUNK": n_ctx + task.d_vocab + 1,
+           "ANS": n_ctx + task.d_vocab + 2}
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-        model.embed.W_E[torch.arange(task.d_vocab), TOK + torch.arange(task.d_vocab)] = 1.0
-        model.pos_embed.W_pos[torch.arange(n_ctx), POS + torch.arange(n_ctx)] = 1.0
+        model.embed.W_E[torch.arange(task.d_vocab), lay["TOK"] + torch.arange(task.d_vocab)] = 1.0
+        model.pos_embed.W_pos[torch.arange(n_ctx), lay["POS"] + torch.arange(n_ctx)] = 1.0
         attn = model.blocks[0].attn
-        for h in range(cfg.n_heads):
-            if h < k:  # part i: write π_i(x_i) on s
-                attn.W_V[h, TOK + torch.arange(v), 0] = task.perms[h].float()
-                attn.W_O[h, 0, S] = 1.0
-            else:  # non-part head: writes what it reads where nothing reads
-                attn.W_V[h, TOK + torch.arange(task.d_vocab), 0] = torch.arange(task.d_vocab).float()
-                attn.W_O[h, 0, JUNK] = 1.0
+        if not pinned:  # q . k / sqrt(d_head) = PIN_BIAS on the head's key, 0 elsewhere
+            a = float((PIN_BIAS * cfg.d_head ** 0.5) ** 0.5)
+            for h in range(cfg.n_heads):
+                attn.W_Q[h, lay["TOK"] + task.query_token, 0] = a
+                attn.W_K[h, lay["POS"] + min(h, n_ctx - 1), 0] = a
+        model.unembed.W_U[lay["ANS"] + torch.arange(v), torch.arange(v)] = 1.0
+    return model, lay
+
+
+def _junk_heads(model, task: KPart, lay: dict, first: int) -> None:
+    """Heads ``first, ..`` (the non-parts) write the token id they read on the junk direction (read by nothing)."""
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        for h in range(first, model.cfg.n_heads):
+            attn.W_V[h, lay["TOK"] + torch.arange(task.d_vocab), 0] = torch.arange(task.d_vocab).float()
+            attn.W_O[h, 0, lay["JUNK"]] = 1.0
+
+
+def hand_built_model(task: KPart, *, spare_heads: int = 2, margin: float = 10.0, pinned: bool = True):
+    """A model of the :func:`kpart_model` preset whose weights are set by hand to solve ``task`` exactly:
+    the *conjunction* circuit (no partial credit: every part is needed).
+
+    Returns ``(model, parts)`` with ``parts = [(0, i) for i in range(K)]`` (layer, head).
+    Head ``i`` reads only position ``i`` at the query: with ``pinned=True`` by the pinned prior
+    (``W_Q = W_K = 0``; other keys get weight ``exp(-30)``), with ``pinned=False`` by hand-set
+    query-key weights (the query token's embedding times the position embedding of ``i``, score 30
+    on that key and 0 on the others, so the same ``exp(-30)``). Residual layout (``d_model`` as the
+    preset, or larger if the layout needs it): ``[0, n_ctx)`` position one-hots, then ``d_vocab``
+    token one-hots, then ``s`` (the running sum), ``junk`` (written by the non-part heads, read by
+    nothing), then ``V`` answer directions. Part ``i < K`` writes ``π_i(token)`` on ``s``; a non-part
+    head writes the token id it reads on ``junk``. The MLP (``K(V-1) + 3`` ReLU units
+    ``r_t = relu(S - t)``, ``t = -1 .. K(V-1)+1``; the rest zero) writes ``margin * [S = s]`` (with
+    ``[S = s] = r_{s-1} - 2 r_s + r_{s+1}``) on the answer direction of ``s mod V``; the unembedding
+    reads the answer directions. Logits: ``margin`` on the answer, 0 elsewhere.
+    """
+    k, v = task.k, task.v
+    s_max = k * (v - 1)
+    n_units = s_max + 3
+    model, lay = _routed_model(task, spare_heads, pinned)
+    S, ANS = lay["S"], lay["ANS"]
+    with torch.no_grad():
+        attn = model.blocks[0].attn
+        for h in range(k):  # part i: write π_i(x_i) on s
+            attn.W_V[h, lay["TOK"] + torch.arange(v), 0] = task.perms[h].float()
+            attn.W_O[h, 0, S] = 1.0
+        _junk_heads(model, task, lay, k)
         mlp = model.blocks[0].mlp
         t = torch.arange(-1, s_max + 2)  # r_t = relu(S - t) for t = -1 .. s_max + 1
         mlp.W_in[S, :n_units] = 1.0
@@ -335,6 +398,55 @@ def hand_built_model(task: KPart, *, spare_heads: int = 2, margin: float = 10.0)
             mlp.W_out[s_val, a] += margin
             mlp.W_out[s_val + 1, a] -= 2 * margin
             mlp.W_out[s_val + 2, a] += margin
-        model.unembed.W_U[ANS + torch.arange(v), torch.arange(v)] = 1.0
+    model.eval()
+    return model, [(0, i) for i in range(k)]
+
+
+def additive_batch(task: KPart, n: int, generator: torch.Generator) -> Batch:
+    """``n`` sequences of the K-part layout on which each input alone answers ``1/K`` of the examples.
+
+    Per sequence one *live* input ``j`` (uniform on ``0..K-1``) holds the answer ``y`` (uniform on
+    ``Z_V``); every other input holds the blank token ``task.base_query_token`` (never a value);
+    distractors and the query are as in :meth:`KPart.sample`. A circuit that reads each input with its
+    own part and adds the evidence (:func:`hand_built_additive_model`) is exact here, and without part
+    ``j`` it loses exactly the sequences whose live input is ``j``: retained ``(K-1)/K`` in expectation,
+    the *partial-credit* prediction. The planted counterpart of :func:`hand_built_model` on the task itself.
+    """
+    check_sample_args(n, generator)
+    N, q, blank = task.n_values, task.query_pos, task.base_query_token
+    values = torch.randint(0, task.v, (n, N), generator=generator)
+    live = torch.randint(0, task.k, (n,), generator=generator)
+    pos = torch.tensor(task.positions)
+    rows = torch.arange(n)
+    y = values[rows, pos[live]]
+    for j, p in enumerate(task.positions):
+        values[live != j, p] = blank
+    tokens = torch.cat([values, torch.full((n, 1), task.query_token, dtype=torch.long)], dim=1)
+    targets = torch.full((n, task.n_ctx), IGNORE_INDEX, dtype=torch.long)
+    targets[:, q] = y
+    sources = torch.zeros(n, task.n_ctx, task.n_ctx, dtype=torch.bool)
+    sources[rows, q, pos[live]] = True
+    return Batch(tokens, targets, targets != IGNORE_INDEX, sources)
+
+
+def hand_built_additive_model(task: KPart, *, spare_heads: int = 2, margin: float = 10.0, pinned: bool = True):
+    """The *additive* circuit (partial credit by construction) for :func:`additive_batch`: ``(model, parts)``.
+
+    Same preset, routing and non-part heads as :func:`hand_built_model` (``pinned`` as there); part ``i``
+    copies the token it reads straight to the answer logits (``W_V``: value token ``t`` -> head dimension
+    ``t``, the blank -> 0; ``W_O``: head dimension ``t`` -> ``margin`` on the answer direction of ``t``);
+    the MLP is zero. Each part adds its own evidence, so ablating one loses only the sequences it answers.
+    Needs ``V <= d_head`` (8).
+    """
+    k, v = task.k, task.v
+    model, lay = _routed_model(task, spare_heads, pinned)
+    if v > model.cfg.d_head:
+        raise ValueError(f"hand_built_additive_model needs V <= d_head = {model.cfg.d_head}, got V = {v}")
+    with torch.no_grad():
+        attn = model.blocks[0].attn
+        for h in range(k):
+            attn.W_V[h, lay["TOK"] + torch.arange(v), torch.arange(v)] = 1.0
+            attn.W_O[h, torch.arange(v), lay["ANS"] + torch.arange(v)] = margin
+        _junk_heads(model, task, lay, k)
     model.eval()
     return model, [(0, i) for i in range(k)]

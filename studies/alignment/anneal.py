@@ -94,19 +94,22 @@ from circuitfade.train.langevin import LangevinNoise
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import BATCH, MARGIN, PATIENCE, THRESHOLD, base_config, job_key
+from studies.alignment.protocol import ANNEAL_V1, stamp, stamped
 
 __all__ = ["K", "LR_SGD", "T_GRID", "PIN_ARMS", "anneal_schedule", "pin_param_groups", "melting_point",
-           "hot_temperature", "melt_job", "pin_job", "anneal_job", "verdicts", "run"]
+           "hot_temperature", "melt_job", "pin_job", "anneal_job", "verdicts", "run", "setup", "formed", "train_sgd",
+           "sgd", "accuracy"]
 
-K = 2
+_D = ANNEAL_V1.data
+K = int(_D["k"])
 LR_SGD = 0.2
-SEEDS = 5
+SEEDS = len(_D["seeds"])
 EVAL_EVERY = 25
 CLIP = 1.0
-FORM_CAP = 3000
-MELT_STEPS = PIN_STEPS = 1000
-T_GRID = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
-HOLD, RAMP, ANNEAL_STEPS = 500, 1000, 2500
+FORM_CAP = int(_D["form_cap"])
+MELT_STEPS, PIN_STEPS = int(_D["melt_steps"]), int(_D["pin_steps"])
+T_GRID = tuple(float(t) for t in _D["t_grid"])
+HOLD, RAMP, ANNEAL_STEPS = int(_D["hold"]), int(_D["ramp"]), int(_D["anneal_steps"])
 READOUT = ("embed.", "pos_embed.", "blocks.0.mlp.", "blocks.0.attn.b_O", "unembed.")
 PIN_ARMS = {"none": ((), ()), "part heads": ("parts", ()), "spare heads": ("spares", ()),
             "circuit": ("parts", READOUT), "control circuit": ("spares", READOUT)}
@@ -265,19 +268,20 @@ def verdicts(melt: pd.DataFrame | None, pin: pd.DataFrame | None, anneal: pd.Dat
 
 
 # ------------------------------------------------------------------ training
-def _setup(seed: int):
-
-    run = new_run(base_config(K, seed, 100))
+def setup(seed: int, *, pinned: bool = True):
+    """``(model, task, ev, ev_final)``: a fresh K-part model of ``seed`` (pinned or unpinned preset), its task,
+    the 256-sequence evaluation set and the 512-sequence final one (``EVAL_SEED + 1``)."""
+    run = new_run(base_config(K, seed, 100, pinned=pinned))
     task = run.config.make_task()
     return run.model, task, eval_set(task, n=256, seed=EVAL_SEED), eval_set(task, n=512, seed=EVAL_SEED + 1)
 
 
-def _acc(model, task, ev) -> float:
-
+def accuracy(model, task, ev) -> float:
+    """Capability accuracy of ``model`` on the batch ``ev``."""
     return float(evaluate_batch(model, task, ev)["accuracy"])
 
 
-def _train(model, task, opt, gen, steps: int, ev, restore=None, stop=None, record=None,
+def train_sgd(model, task, opt, gen, steps: int, ev, restore=None, stop=None, record=None,
            weight_decay: float = 0.0) -> tuple[list[int], list[float], float]:
     """``steps`` SGD(+noise) steps (gradient norm clipped at CLIP); accuracy on ``ev`` every EVAL_EVERY steps
     (and at step 0). Returns the curve and the fraction of steps whose gradient was clipped. ``record(model)``
@@ -286,7 +290,7 @@ def _train(model, task, opt, gen, steps: int, ev, restore=None, stop=None, recor
 
     import torch
 
-    xs, ys = [0], [_acc(model, task, ev)]
+    xs, ys = [0], [accuracy(model, task, ev)]
     model.train()
     clipped = [0]
     for s in range(1, steps + 1):
@@ -309,31 +313,33 @@ def _train(model, task, opt, gen, steps: int, ev, restore=None, stop=None, recor
             restore()
         if s % EVAL_EVERY == 0 or s == steps:
             xs.append(s)
-            ys.append(_acc(model, task, ev))
+            ys.append(accuracy(model, task, ev))
             if stop is not None and stop(xs, ys):
                 break
     return xs, ys, clipped[0] / max(1, xs[-1])
 
 
-def _sgd(params, temperature, seed: int, total: int):
+def sgd(params, temperature, seed: int, total: int):
+    """Plain SGD at lr ``LR_SGD`` wrapped in ``LangevinNoise`` at ``temperature`` (a number or a schedule)."""
     import torch
 
     return LangevinNoise(torch.optim.SGD(params, lr=LR_SGD, momentum=0.0, weight_decay=0.0), temperature,
                          seed=seed, total_steps=total)
 
 
-def _formed(seed: int) -> dict:
-    """Train the K-part circuit from scratch with SGD at T = 0 until ignition + MARGIN (cap FORM_CAP)."""
+def formed(seed: int, *, pinned: bool = True) -> dict:
+    """Train the K-part circuit (pinned or unpinned preset) from scratch with SGD at T = 0 until ignition +
+    MARGIN (cap FORM_CAP): ``{"model", "task", "ev", "ev_final", "ignition", "form_steps"}``."""
     import torch
 
-    model, task, ev, ev_final = _setup(seed)
+    model, task, ev, ev_final = setup(seed, pinned=pinned)
     gen = torch.Generator().manual_seed(50_000 + seed)
 
     def stop(xs, ys):
         ig = ignition_step(ys, steps=xs, baseline=task.chance, threshold=THRESHOLD, patience=PATIENCE)
         return ig is not None and xs[-1] - ig >= MARGIN
 
-    xs, ys, _ = _train(model, task, _sgd(model.parameters(), 0.0, seed, FORM_CAP), gen, FORM_CAP, ev, stop=stop)
+    xs, ys, _ = train_sgd(model, task, sgd(model.parameters(), 0.0, seed, FORM_CAP), gen, FORM_CAP, ev, stop=stop)
     ig = ignition_step(ys, steps=xs, baseline=task.chance, threshold=THRESHOLD, patience=PATIENCE)
     return {"model": model, "task": task, "ev": ev, "ev_final": ev_final, "ignition": ig, "form_steps": xs[-1]}
 
@@ -344,15 +350,15 @@ def melt_job(spec: Mapping, out: str | None = None) -> dict:
 
     torch.set_num_threads(1)
     seed, t0 = int(spec["seed"]), time.process_time()
-    f = _formed(seed)
+    f = formed(seed)
     if f["ignition"] is None:
         return {**spec, "status": "no circuit", "form_steps": f["form_steps"], "rows": []}
     rows = []
     for T in spec["grid"]:
         m = copy.deepcopy(f["model"])
-        xs, ys, clip = _train(m, f["task"], _sgd(m.parameters(), float(T), 70_000 + seed, MELT_STEPS),
+        xs, ys, clip = train_sgd(m, f["task"], sgd(m.parameters(), float(T), 70_000 + seed, MELT_STEPS),
                               torch.Generator().manual_seed(60_000 + seed), int(spec["steps"]), f["ev"])
-        acc = _acc(m, f["task"], f["ev_final"])
+        acc = accuracy(m, f["task"], f["ev_final"])
         rows.append({"seed": seed, "T": float(T), "acc_final": acc, "lost": acc <= _level(f["task"].chance),
                      "clipped_frac": clip, "curve": [xs, ys]})
     return {**spec, "status": "done", "ignition": f["ignition"], "form_steps": f["form_steps"], "rows": rows,
@@ -366,7 +372,7 @@ def pin_job(spec: Mapping, out: str | None = None) -> dict:
 
     torch.set_num_threads(1)
     seed, t0 = int(spec["seed"]), time.process_time()
-    f = _formed(seed)
+    f = formed(seed)
     if f["ignition"] is None:
         return {**spec, "status": "no circuit"}
     which, prefixes = PIN_ARMS[spec["arm"]]
@@ -376,11 +382,11 @@ def pin_job(spec: Mapping, out: str | None = None) -> dict:
         m = copy.deepcopy(f["model"])
         groups, restore, masks = pin_param_groups(m, heads, prefixes)
         free0, pin0 = _flat(m, masks, False), _flat(m, masks, True)
-        xs, ys, clip = _train(m, f["task"], _sgd(groups, T, 80_000 + seed, PIN_STEPS),
+        xs, ys, clip = train_sgd(m, f["task"], sgd(groups, T, 80_000 + seed, PIN_STEPS),
                               torch.Generator().manual_seed(60_000 + seed), int(spec["steps"]), f["ev"],
                               restore=restore)
         free1, pin1 = _flat(m, masks, False), _flat(m, masks, True)
-        res[name] = {"acc": _acc(m, f["task"], f["ev_final"]), "curve": [xs, ys], "clipped_frac": clip,
+        res[name] = {"acc": accuracy(m, f["task"], f["ev_final"]), "curve": [xs, ys], "clipped_frac": clip,
                      "disp": float((free1 - free0).norm() / free0.norm()),
                      "pinned_max_change": float((pin1 - pin0).abs().max()) if len(pin0) else 0.0,
                      "n_pinned": int(len(pin0)), "n_free": int(len(free0))}
@@ -397,12 +403,12 @@ def anneal_job(spec: Mapping, out: str | None = None) -> dict:
 
     torch.set_num_threads(1)
     seed, t0 = int(spec["seed"]), time.process_time()
-    model, task, ev, ev_final = _setup(seed)
-    opt = _sgd(model.parameters(), spec["temperature"], 90_000 + seed, int(spec["steps"]))
-    xs, ys, clip = _train(model, task, opt, torch.Generator().manual_seed(50_000 + seed), int(spec["steps"]), ev)
+    model, task, ev, ev_final = setup(seed)
+    opt = sgd(model.parameters(), spec["temperature"], 90_000 + seed, int(spec["steps"]))
+    xs, ys, clip = train_sgd(model, task, opt, torch.Generator().manual_seed(50_000 + seed), int(spec["steps"]), ev)
     ig = ignition_step(ys, steps=xs, baseline=task.chance, threshold=THRESHOLD, patience=PATIENCE)
     return {**spec, "status": "ignited" if ig is not None else "flat", "ignition": ig,
-            "acc_final": _acc(model, task, ev_final), "clipped_frac": clip, "curve": [xs, ys], "cpu_s": time.process_time() - t0}
+            "acc_final": accuracy(model, task, ev_final), "clipped_frac": clip, "curve": [xs, ys], "cpu_s": time.process_time() - t0}
 
 
 def cached_job(fn, spec: dict, out: Path) -> dict:
@@ -551,7 +557,7 @@ def _summary_tables(melt: pd.DataFrame, mp: dict, pin_all: pd.DataFrame, ann: pd
 def _markdown(*, seeds, out, form, clipfrac, cpu, wall_s, failed, v, mp, t_hot, found, t_mid, tables) -> str:
     mtab, ptab, atab = tables
     return "\n".join([
-        "## Anneal, melt and pin with Langevin noise", "",
+        "## Anneal, melt and pin with Langevin noise (version 1, pinned)", "", f"Protocol: {stamp('anneal', 1)}.",
         f"Command: `python -m studies.alignment anneal --seeds {seeds} --out {out}`. K = {K}, plain SGD lr {LR_SGD} "
         f"(no momentum / weight decay, gradient norm clipped at {CLIP}) + `LangevinNoise`; circuits formed by SGD at T = 0 until "
         f"ignition + margin (steps {form}). Fraction of steps with a clipped gradient (median over melt runs "
@@ -591,6 +597,7 @@ def run(*, out: str | Path = "results/alignment", seeds: int = SEEDS, progress: 
     failed = ([r for r in melt_res if r["status"] not in ("done",)] + [r for r in pin_res if r["status"] != "done"]
               + [r for r in ann_res if r["status"] == "failed"])
     v = verdicts(melt, pin, ann, t_hot)
+    v = stamped(v, "anneal", 1, "pinned")
     v.to_csv(out / "anneal_verdicts.csv", index=False)
     save_figure(melt_figure(melt, mp), out / "fig_melt", png=png)
     save_figure(pin_figure(pin_all, t_hot), out / "fig_pin", png=png)

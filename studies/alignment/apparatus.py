@@ -23,10 +23,12 @@ from circuitfade.tasks import EVAL_SEED, eval_set, make_task
 from circuitfade.tasks.kpart import kpart_model
 from circuitfade.train import RunConfig, TrainConfig, save_checkpoint, train, write_metrics
 from circuitfade.train.jobs import run_jobs
+from studies.alignment.protocol import PARTS_V1
 
 __all__ = ["TASK", "V", "N_DISTRACTORS", "BATCH", "LR", "EVAL_EVERY", "EVAL_SIZE", "CHUNK", "REINIT_EVAL_EVERY",
            "THRESHOLD", "PATIENCE", "MARGIN", "BASE_CAP", "WAIT_CAP", "base_config", "job_key", "acc_curve",
-           "until_ignition", "check_finite", "persist", "first_acc", "run_cached_jobs", "cached_job"]
+           "until_ignition", "check_finite", "persist", "first_acc", "run_cached_jobs", "cached_job", "is_pinned",
+           "from_scratch"]
 
 V, N_DISTRACTORS = 3, 1
 TASK = {"name": "kpart", "v": V, "n_distractors": N_DISTRACTORS}
@@ -38,22 +40,47 @@ EVAL_EVERY, EVAL_SIZE, CHUNK = 25, 256, 100
 REINIT_EVAL_EVERY = 5  # re-ignition can take only tens of steps: evaluate finely after re-initialisation
 THRESHOLD, PATIENCE = 0.5, 2  # ignition: half way from chance to 1, two evaluations in a row
 MARGIN = 200  # steps observed after ignition before a job stops
-BASE_CAP = {2: 4000, 3: 4000, 4: 8000, 5: 20000}
-WAIT_CAP = 12000  # steps after re-initialisation
+BASE_CAP = {int(k): int(v) for k, v in PARTS_V1.data["base_cap"].items()}
+WAIT_CAP = int(PARTS_V1.data["wait_cap"])  # steps after re-initialisation
 
 
-def base_config(k: int, seed: int, steps: int) -> RunConfig:
-    """The run config of the K-part circuit trained from scratch for ``steps`` steps."""
+def base_config(k: int, seed: int, steps: int, *, pinned: bool = True) -> RunConfig:
+    """The run config of the K-part circuit trained from scratch for ``steps`` steps, on the pinned
+    (default) or the unpinned preset of :func:`~circuitfade.tasks.kpart.kpart_model`."""
     task = {**TASK, "k": int(k)}
     tc = TrainConfig(steps=int(steps), batch_size=BATCH, lr=LR, eval_every=EVAL_EVERY, eval_size=EVAL_SIZE,
                      checkpoint_every=int(steps), eval_conditions=("normal",))
-    return RunConfig(path="unforced", task=task, model=kpart_model(make_task(**task)), train=tc, seed=int(seed))
+    return RunConfig(path="unforced", task=task, model=kpart_model(make_task(**task), pinned=pinned), train=tc,
+                     seed=int(seed))
+
+
+def is_pinned(spec: Mapping) -> bool:
+    """Whether a job spec runs on the pinned apparatus (``spec["apparatus"]``, absent: pinned)."""
+    apparatus = spec.get("apparatus", "pinned")
+    if apparatus not in ("pinned", "unpinned"):
+        raise ValueError(f"job spec: apparatus must be 'pinned' or 'unpinned', got {apparatus!r}")
+    return apparatus == "pinned"
+
+
+def from_scratch(run, cfg_at: Callable[[int], RunConfig], cap: int, chance: float) -> tuple[float | None, list, list]:
+    """Train a new ``run`` (its step-0 evaluation recorded) in chunks of CHUNK steps until ignition + MARGIN
+    or step ``cap``; returns the ignition step (None: censored) and the accuracy curve as recorded."""
+    while True:
+        steps = [int(m["step"]) for m in run.metrics]
+        accs = [float(m["acc_normal"]) for m in run.metrics]
+        ig = ignition_step(accs, steps=steps, baseline=chance, threshold=THRESHOLD, patience=PATIENCE)
+        if (ig is not None and steps[-1] - ig >= MARGIN) or run.step >= cap:
+            return ig, steps, accs
+        train(cfg_at(min(run.step + CHUNK, cap)), None, run=run, progress=False)
+        check_finite(run)
 
 
 def job_key(spec: Mapping) -> str:
-    """``<kind>-k<K>[-m<m>]-s<seed>[-d<drive>]-<hash8>`` of a job spec."""
+    """``<kind>[-<apparatus>]-k<K>[-m<m>]-s<seed>[-d<drive>]-<hash8>`` of a job spec (the apparatus only when
+    the spec names one)."""
     h = content_hash(dict(spec))[:8]
-    parts = [spec["kind"], f"k{spec['k']}"] + ([f"m{spec['m']}"] if "m" in spec else []) + [f"s{spec['seed']}"]
+    kind = spec["kind"] + (f"-{spec['apparatus']}" if "apparatus" in spec else "")
+    parts = [kind, f"k{spec['k']}"] + ([f"m{spec['m']}"] if "m" in spec else []) + [f"s{spec['seed']}"]
     if spec.get("drive", 1.0) != 1.0:
         parts.append(f"d{spec['drive']}")
     return "-".join(parts) + f"-{h}"

@@ -47,22 +47,23 @@ from circuitfade.train.surgery import reinit_slices
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import EVAL_SIZE, base_config, job_key, run_cached_jobs, until_ignition
+from studies.alignment.protocol import CURE_V1, stamp, stamped
 
 __all__ = ["K", "WS", "BUDGET", "CURE_SEEDS", "STUDY_CURE", "withheld_config", "withheld_job", "cure_job",
            "scan_table", "critical_w", "cure_verdicts", "cure_figure", "run"]
 
-K = 3
-WS = (0, 300, 1000, 3000, 10000, 30000)
+K = int(CURE_V1.data["k"])
+WS = tuple(CURE_V1.data["ws"])
 """Withholding lengths scanned (steps of base-only training before the capability is added). The
 first run scanned 0-3000 and found no critical W (5-6 of 6 seeds ignited at every W); 10000 was then
 added to look further (budget and rules unchanged); at 10000 2 of 6 ignited, so 30000 was added too."""
-BUDGET = 1500
+BUDGET = int(CURE_V1.data["budget"])
 """Steps after the switch within which the capability must ignite (K = 3 from scratch: 150-225 steps)."""
-EXTRA_CURE_WS = (10000,)
+EXTRA_CURE_WS = tuple(CURE_V1.data["extra_cure_ws"])
 """W at which the cure arms are also run (as a control when they are not the critical W): the largest W
 of the earlier scan, where 2 of 6 seeds ignited."""
-CAP_SHARE = 0.5
-CURE_SEEDS = 6
+CAP_SHARE = float(CURE_V1.data["share"])
+CURE_SEEDS = len(CURE_V1.data["seeds"])
 STUDY_CURE = {"qk": (6, 6), "ov": (0, 6)}
 
 
@@ -370,11 +371,12 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     arms = pd.DataFrame(arms)
     arms[["lo", "hi"]] = [binomial_exact_interval(int(i), int(n)) for i, n in zip(arms.ignited, arms.seeds)]
     v = cure_verdicts(counts, w_crit)
+    v = stamped(v, "cure", 1, "pinned")
     v.to_csv(out / "cure_verdicts.csv", index=False)
     save_figure(cure_figure(scan, arms), out / "fig_cure", png=png)
     cpu = float(wdf.cpu_s.fillna(0).sum()) + float(cdf.cpu_s.fillna(0).sum()) if "cpu_s" in cdf else 0.0
     text = "\n".join([
-        "## Withheld capability and the query-key cure", "",
+        "## Withheld capability and the query-key cure (version 1, pinned)", "", f"Protocol: {stamp('cure', 1)}.",
         f"K = {K}; base-only training for W steps, then capability share {CAP_SHARE} "
         f"(`switch0->{CAP_SHARE}@W`); ignited = ignition within {BUDGET} steps of the switch. Seeds {S}. "
         f"Critical W (smallest W with no seed igniting): {w_crit}. Cure at W = {w_cure}: the QK or OV slices of "

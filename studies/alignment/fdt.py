@@ -59,7 +59,7 @@ import pandas as pd
 import torch
 
 from circuitfade.analysis.fdt import FDTRecorder, equipartition
-from circuitfade.claims import Outcome
+from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.stats import wilson_interval
 from circuitfade.tasks import make_task
@@ -68,13 +68,15 @@ from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment import anneal as A
 from studies.alignment.anneal import CLIP, LR_SGD
-from studies.alignment.apparatus import cached_job
+from studies.alignment.apparatus import cached_job, is_pinned
+from studies.alignment.protocol import FDT_V1, stamp, stamped, declared, rules_of, verdict_frame
 
 __all__ = ["FDT_STEPS", "FDT_T", "FDT_WD", "SPREAD_TOL", "anneal_demo", "fdt_job", "fdt_verdicts", "param_family",
-           "run", "sgd_fdt_run", "thermal_call"]
+           "run", "sgd_fdt_run", "thermal_call", "ZERO_GRADIENT", "family_without", "fdt_verdicts_v2", "run_unpinned"]
 
-FDT_SEEDS, FDT_STEPS, FDT_WD, FDT_T = 5, 4000, 0.03, 1e-4
-SPREAD_TOL, MIN_COORDS, STATIONARY_TOL = 1.5, 200, 0.05
+_D = FDT_V1.data
+FDT_SEEDS, FDT_STEPS, FDT_WD, FDT_T = len(_D["seeds"]), int(_D["steps"]), float(_D["wd"]), float(_D["T"])
+SPREAD_TOL, MIN_COORDS, STATIONARY_TOL = float(_D["spread_tol"]), int(_D["min_coords"]), float(_D["stationary_tol"])
 ARMS = {"sgd": 0.0, "langevin": FDT_T}
 
 
@@ -143,6 +145,24 @@ def param_family(name: str) -> str:
     return "norm"
 
 
+ZERO_GRADIENT = {"unpinned": ("b_K",), "pinned": ("W_Q", "b_Q", "W_K", "b_K")}
+"""Attention parameters whose data gradient is zero by construction, per apparatus: ``b_K`` always (adding
+``q . b_K`` to every key of a query row leaves the softmax unchanged); with the pin also the query-key
+weights (the pinned query row gets gradient <= ``exp(-30)``; no other row reaches the loss in one layer)."""
+
+
+def family_without(excluded=()):
+    """:func:`param_family`, but ``None`` (in no group) for ``blocks.*.attn.<leaf>`` with ``leaf`` in ``excluded``."""
+    excluded = tuple(excluded)
+
+    def group(name: str) -> str | None:
+        if ".attn." in name and name.rsplit(".", 1)[-1] in excluded:
+            return None
+        return param_family(name)
+
+    return group
+
+
 def anneal_demo(n: int = 2000, steps: int = 3000, lr: float = 0.01, tilt: float = 0.3, t_start: float = 0.3,
                 seed: int = 0) -> dict:
     """Fraction of particles in the deep well (``x < 0``) after plain SGD vs Langevin annealing
@@ -173,20 +193,22 @@ def thermal_call(groups: list[dict], tol: float = SPREAD_TOL, min_coords: int = 
         return "fails"
     if cold["lo"] > 0 and hot["hi"] < tol * cold["lo"]:
         return "passes"
-    return Outcome.INCONCLUSIVE
+    return str(Outcome.INCONCLUSIVE)
 
 
 def fdt_job(spec: dict, out: str | None = None) -> dict:
-    """Form the K = 2 circuit of ``spec["seed"]`` by SGD, continue ``spec["steps"]`` at ``spec["T"]`` with
-    ``spec["wd"]`` in the loss and record the FDT series per parameter family; statistics over the second half."""
+    """Form the K = 2 circuit of ``spec["seed"]`` by SGD (``spec["apparatus"]``: pinned, the default, or
+    unpinned), continue ``spec["steps"]`` at ``spec["T"]`` with ``spec["wd"]`` in the loss and record the FDT
+    series per parameter family, leaving out the attention parameters named in ``spec["exclude"]`` (zero
+    gradient by construction); statistics over the second half."""
 
     torch.set_num_threads(1)
     seed, t0, steps, T = int(spec["seed"]), time.process_time(), int(spec["steps"]), float(spec["T"])
-    f = A._formed(seed)
+    f = A.formed(seed, pinned=is_pinned(spec))
     if f["ignition"] is None:
         return {**spec, "status": "no circuit", "form_steps": f["form_steps"]}
-    m, rec = copy.deepcopy(f["model"]), FDTRecorder(param_family)
-    xs, ys, clip = A._train(m, f["task"], A._sgd(m.parameters(), T, 70_000 + seed, steps),
+    m, rec = copy.deepcopy(f["model"]), FDTRecorder(family_without(spec.get("exclude", ())))
+    xs, ys, clip = A.train_sgd(m, f["task"], A.sgd(m.parameters(), T, 70_000 + seed, steps),
                             torch.Generator().manual_seed(60_000 + seed), steps, f["ev"], record=rec.record,
                             weight_decay=float(spec["wd"]))
     start = steps // 2
@@ -194,7 +216,7 @@ def fdt_job(spec: dict, out: str | None = None) -> dict:
     eq = equipartition(rec, A.LR_SGD, T, start=start, min_coords=MIN_COORDS)
     noisy = [g for g in eq["groups"] if g["d"] >= MIN_COORDS and g["group"] != "QK"]
     return {**spec, "status": "done", "ignition": f["ignition"], "form_steps": f["form_steps"],
-            "acc_final": A._acc(m, f["task"], f["ev_final"]), "clipped_frac": clip, "n_params": rec.n_params,
+            "acc_final": A.accuracy(m, f["task"], f["ev_final"]), "clipped_frac": clip, "n_params": rec.n_params,
             "yaida": tot, "stationary": bool(abs(tot["relative"]) <= STATIONARY_TOL), "groups": eq["groups"],
             "spread": eq["spread"], "hottest": eq["hottest"], "coldest": eq["coldest"],
             "spread_without_qk": max(g["T_kin"] for g in noisy) / min(g["T_kin"] for g in noisy),
@@ -219,7 +241,7 @@ def fdt_verdicts(runs: list[dict]) -> pd.DataFrame:
                 f"{med:.3g} (range {min(sp):.3g}–{max(sp):.3g}); without QK {np.median([x['spread_without_qk'] for x in r]):.3g}; "
                 f"stationary {st}/{n}" if n else "no runs")
         if n == 0 or st < n:
-            verdict = "not tested"
+            verdict = Outcome.NOT_TESTABLE
         elif calls.count(want) >= n - 1:
             verdict = Outcome.REPRODUCED
         elif calls.count(other) >= n - 1:
@@ -238,11 +260,42 @@ def fdt_verdicts(runs: list[dict]) -> pd.DataFrame:
                           f"(range {min(rel):+.3f} to {max(rel):+.3f})" if r else "no runs"),
                  "study": "— (Yaida 2018: holds for any stationary SGD)",
                  "rule": "0 in the batch-means 95% interval of O in every seed",
-                 "verdict": "no runs" if not r else ("holds" if ok == len(r) else "violated")})
+                 "verdict": Outcome.NOT_RUN if not r else (Outcome.REPRODUCED if ok == len(r) else Outcome.NOT_REPRODUCED)})
     return pd.DataFrame(rows)
 
 
-def fdt_figure(runs: list[dict]):
+def fdt_verdicts_v2(runs: list[dict], *, apparatus: str, exclude_groups=()) -> pd.DataFrame:
+    """The two claim rows of ``alignment.fdt`` v2 from both arms' jobs: :func:`thermal_call` on each run's groups
+    without ``exclude_groups`` (whole families left out, e.g. ``QK`` on the pinned control); not testable
+    unless every seed of the arm is stationary. Yaida's relation is not a row (a check: see the declaration)."""
+
+    rules = rules_of("fdt", 2)
+    verdicts = []
+    for arm, want, other, study in (("sgd", "fails", "passes", "fails"),
+                                    ("langevin", "passes", "fails", "passes (installed so that it holds)")):
+        name = next(c for c in rules if (arm == "sgd") == c.startswith("FDT: SGD"))
+        claim = Claim(name, rule=rules[name], study=study, fails_if=f">= n-1 seeds {other}")
+        r = [x for x in runs if x["arm"] == arm and x["status"] == "done"]
+        if not r:
+            verdicts.append(Verdict.not_run(claim))
+            continue
+        groups = [[g for g in x["groups"] if g["group"] not in exclude_groups] for x in r]
+        calls = [thermal_call(g) for g in groups]
+        big = [[g for g in gs if g["d"] >= MIN_COORDS] for gs in groups]
+        spread = [max(g["T_kin"] for g in b) / min(g["T_kin"] for g in b) for b in big]
+        n, st = len(r), sum(bool(x["stationary"]) for x in r)
+        ours = (f"{calls.count(want)}/{n} seeds {want}, {calls.count(other)} {other}; spread T_max/T_min median "
+                f"{np.median(spread):.3g} (range {min(spread):.3g}–{max(spread):.3g}); stationary {st}/{n}")
+        if st < n:
+            outcome = Outcome.NOT_TESTABLE
+        else:
+            outcome = (Outcome.REPRODUCED if calls.count(want) >= n - 1 else
+                       Outcome.NOT_REPRODUCED if calls.count(other) >= n - 1 else Outcome.INCONCLUSIVE)
+        verdicts.append(Verdict(claim, ours, outcome))
+    return verdict_frame(verdicts, "fdt", 2, apparatus)
+
+
+def fdt_figure(runs: list[dict], qk_note: str = "QK: no data gradient in the pinned preset"):
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -260,7 +313,7 @@ def fdt_figure(runs: list[dict]):
     fig.add_annotation(x=1, xref="paper", xanchor="right", y=math.log10(FDT_T), yanchor="bottom",  # log axis: log10
                        text=f"installed T = {FDT_T:g}", showarrow=False, font=dict(color=colors["langevin"]))
     fig.update_yaxes(type="log", exponentformat="power", title="T_G = <θ_G·g_G> / d_G (second half)")
-    fig.update_xaxes(title="parameter family (QK: no data gradient in the pinned preset)")
+    fig.update_xaxes(title=f"parameter family ({qk_note})")
     fig.update_layout(title=f"Equipartition at stationarity: plain SGD (wd {FDT_WD:g}) vs SGD + Langevin noise<br>"
                             f"<sup>K = 2 apparatus, one dot per seed; a Gibbs law has every T_G equal</sup>",
                       template="plotly_white", width=900, height=520)
@@ -285,6 +338,7 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
     done = [r for r in runs if r["status"] == "done"]
     failed = [r for r in runs if r["status"] != "done"]
     v = fdt_verdicts(runs)
+    v = stamped(v, "fdt", 1, "pinned")
     v.to_csv(out / "fdt_verdicts.csv", index=False)
     tab = pd.DataFrame([{"arm": r["arm"], "seed": r["seed"], "acc_final": r["acc_final"],
                          "clipped_frac": r["clipped_frac"], "yaida_rel": r["yaida"]["relative"],
@@ -304,7 +358,7 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
     fmt = lambda df: markdown_table(df.assign(**{c: [f"{x:.3g}" for x in df[c]] for c in df.columns  # noqa: E731
                                                  if df[c].dtype.kind == "f"}))
     text = "\n".join([
-        "## The fluctuation-dissipation test at stationarity", "",
+        "## The fluctuation-dissipation test at stationarity (version 1, pinned)", "", f"Protocol: {stamp('fdt', 1)}.",
         f"Command: `python -m studies.alignment fdt --out {out}`. K = 2 apparatus, plain SGD lr {LR_SGD} (clip "
         f"{CLIP}), circuit formed at T = 0, then {FDT_STEPS} steps with ({FDT_WD:g}/2)|θ|² in the loss at T = 0 "
         f"(sgd) and T = {FDT_T:g} (langevin); statistics over the second half (batch means, 20 batches, 95%). "
@@ -317,6 +371,62 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
                                                            f"{r.get('error', '')}" for r in failed), ""] if failed else []))
     (out / "fdt.md").write_text(text)
     return {"runs": tab, "groups": groups, "verdicts": v, "markdown": text, "failed": failed}
+
+
+def _jobs(version: int, out: Path, progress: bool) -> list[dict]:
+    """Both arms' jobs of ``alignment.fdt`` v``version`` (v1: pinned, every parameter; v2: unpinned, the
+    zero-gradient parameters left out), through the job cache."""
+
+    d = declared("fdt", version).data
+    runs = []
+    for arm, T in (("sgd", 0.0), ("langevin", float(d["T"]))):
+        for s in d["seeds"]:
+            spec = {"kind": "fdt", "k": int(d["k"]), "seed": int(s), "arm": arm, "T": T, "wd": float(d["wd"]),
+                    "steps": int(d["steps"]), "lr": LR_SGD}
+            if version == 2:
+                spec = {**spec, "apparatus": "unpinned", "exclude": list(ZERO_GRADIENT["unpinned"])}
+            runs.append({**cached_job(fdt_job, spec, out), "arm": arm})
+            if progress:
+                print(f"fdt v{version} {arm} seed {s}: {runs[-1]['status']} {runs[-1].get('thermal', '')}", flush=True)
+    return runs
+
+
+def run_unpinned(*, out: str | Path = "results/alignment", progress: bool = True, png: bool = True) -> dict:
+    """``python -m studies.alignment fdt-unpinned``: ``alignment.fdt`` v2 on the unpinned apparatus, and v1's
+    pinned jobs re-judged without QK; writes ``OUT/fdt_unpinned.md``, ``fdt_unpinned_verdicts.csv``,
+    ``fdt_unpinned_groups.csv`` and ``fig_fdt_unpinned``."""
+
+    out = Path(out)
+    runs = _jobs(2, out, progress)
+    v = pd.concat([fdt_verdicts_v2(runs, apparatus="unpinned (b_K excluded)"),
+                   fdt_verdicts_v2(_jobs(1, out, False), apparatus="pinned (v1 runs, QK excluded)",
+                                   exclude_groups=("QK",))], ignore_index=True)
+    v.to_csv(out / "fdt_unpinned_verdicts.csv", index=False)
+    done = [r for r in runs if r["status"] == "done"]
+    groups = pd.DataFrame([{"arm": r["arm"], "seed": r["seed"], **g} for r in done for g in r["groups"]])
+    groups.assign(protocol=stamp("fdt", 2)).to_csv(out / "fdt_unpinned_groups.csv", index=False)
+    save_figure(fdt_figure(runs, qk_note="QK: learned routing, b_K left out"), out / "fig_fdt_unpinned", png=png)
+    tab = pd.DataFrame([{"arm": r["arm"], "seed": r["seed"], "acc_final": r["acc_final"], "form_steps": r["form_steps"],
+                         "clipped_frac": r["clipped_frac"], "yaida_rel": r["yaida"]["relative"],
+                         "stationary": r["stationary"], "spread": r["spread"], "thermal": r["thermal"]} for r in done])
+    gmed = (groups.groupby(["arm", "group"], sort=False).agg(d=("d", "first"), T_kin_median=("T_kin", "median"),
+                                                              T_sgd_median=("T_sgd", "median")).reset_index()
+            if len(groups) else groups)
+    cpu = sum(float(r.get("cpu_s", 0) or 0) for r in runs)
+    fmt = lambda df: markdown_table(df.assign(**{c: [f"{x:.3g}" for x in df[c]] for c in df.columns  # noqa: E731
+                                                 if df[c].dtype.kind == "f"}))
+    text = "\n".join([
+        "## The fluctuation-dissipation test on the unpinned apparatus", "",
+        f"Protocol: {stamp('fdt', 2)}. Command: `python -m studies.alignment fdt-unpinned --out {out}`. As v1 "
+        f"(K = 2, plain SGD lr {LR_SGD}, clip {CLIP}, {FDT_STEPS} steps with ({FDT_WD:g}/2)|θ|² at T = 0 and "
+        f"T = {FDT_T:g}) on the unpinned preset, with the parameters whose gradient is zero by construction left "
+        f"out of the groups ({', '.join(ZERO_GRADIENT['unpinned'])}); v1's pinned runs re-judged without the QK "
+        f"family. Yaida's relation is reported per run (yaida_rel), not as a claim: for plain SGD it telescopes "
+        f"to the change of |θ|², so under the stationarity filter it cannot fail. Training CPU {cpu / 60:.1f} "
+        f"core-min; {len(runs) - len(done)} failed or circuit-less jobs.", "", markdown_table(v), "", "Per run:", "",
+        fmt(tab), "", "Per parameter family (median over seeds):", "", fmt(gmed), ""])
+    (out / "fdt_unpinned.md").write_text(text)
+    return {"runs": tab, "groups": groups, "verdicts": v, "markdown": text}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from circuitfade.claims import Outcome
+from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.io import read_json
 from circuitfade.stats import binomial_exact_interval, bootstrap_median
 from circuitfade.train import new_run, train
@@ -75,24 +75,27 @@ from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import THRESHOLD, base_config, check_finite, first_acc, run_cached_jobs, until_ignition
 from studies.alignment.parts import load_constants, predict_wait
+from studies.alignment.protocol import IGNITION_V1, stamp, stamped, declared, rules_of, verdict_frame
 
 __all__ = ["K", "SWITCH", "BUDGET", "SHARE_IN_FIT", "ABOVE_SHARE", "BELOW_SHARE", "SCAN_SHARES", "STUDY_IGNITION",
            "share_to_drive", "floor_share", "budget_share", "predictions", "ignition_config", "ignition_specs",
-           "long_specs", "ignition_job", "share_table", "empirical_floor", "ignition_verdicts", "ignition_figure", "run"]
+           "long_specs", "ignition_job", "share_table", "empirical_floor", "ignition_verdicts", "ignition_figure", "run",
+           "dose_specs", "dose_verdicts", "dose_figure", "run_dose"]
 
-K = 3
-SWITCH = 1000
+_D = IGNITION_V1.data
+K = int(_D["k"])
+SWITCH = int(_D["switch"])
 """Base-only steps before the capability is switched on (the withheld scan: W = 1000 is far from its
 critical W; 6 of 6 seeds ignited there at share 0.5)."""
-BUDGET = 3000
+BUDGET = int(_D["budget"])
 """Steps after the switch within which a run must ignite to count."""
-SHARE_IN_FIT = 1.0
+SHARE_IN_FIT = float(_D["share_in_fit"])
 """Capability share of the training data in the rate-equation fit runs (capability sequences only)."""
-ABOVE_SHARE, ABOVE_SEEDS = 0.5, 10
-BELOW_SHARE, BELOW_SEEDS = 0.005, 12
-SCAN_SHARES, SCAN_SEEDS = (0.002, 0.01, 0.02, 0.05, 0.1, 0.2), 5
+ABOVE_SHARE, ABOVE_SEEDS = float(_D["above"]["share"]), int(_D["above"]["seeds"])
+BELOW_SHARE, BELOW_SEEDS = float(_D["below"]["share"]), int(_D["below"]["seeds"])
+SCAN_SHARES, SCAN_SEEDS = tuple(_D["scan"]["shares"]), int(_D["scan"]["seeds"])
 STUDY_IGNITION = {"above": (10, 10), "below": (0, 12)}
-LONG_SHARES, LONG_BUDGET, LONG_SEEDS = (0.02, 0.05), 12000, 5
+LONG_SHARES, LONG_BUDGET, LONG_SEEDS = tuple(_D["long"]["shares"]), int(_D["long"]["budget"]), int(_D["long"]["seeds"])
 """Follow-up added after the first scan (whose arms, budget and rules are unchanged): no seed ignited
 within 3,000 steps at shares <= 0.05, although the frozen constants predict a 2,576-step delay at 0.05.
 A floor (no ignition at all) and a slow rate look the same within a finite budget, so these shares run
@@ -387,7 +390,7 @@ def _markdown(*, frozen: Path, runs, ok, table, ltable, bracket, v, failed, agre
     shown = table[["share", "drive", "seeds", "ignited", "frac_lo", "frac_hi", "delay_median", "delay_lo",
                    "delay_hi", "predicted_delay", "predicted_ignites", "p_ignite_if_exponential"]] if len(table) else table
     text = "\n".join([
-        "## Ignition at a step of our choosing", "",
+        "## Ignition at a step of our choosing (version 1, pinned)", "", f"Protocol: {stamp('ignition', 1)}.",
         f"K = {K}; base-only training (capability share 0) for {SWITCH} steps, then share p "
         f"(`switch0->p@{SWITCH}`); ignited = ignition within {BUDGET} steps of the switch. Prediction from the "
         f"frozen constants (`rate_constants.json`, sha256 `{read_json(frozen)['sha256'][:16]}…`, not refitted), "
@@ -462,6 +465,7 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     v = ignition_verdicts(above, below, delay=delay, predicted_delay=float(pred.set_index("share")
                                                                            .predicted_delay[ABOVE_SHARE]),
                           flat=flat, p_budget=p_budget, p_floor=p_floor, bracket=bracket, long=long)
+    v = stamped(v, "ignition", 1, "pinned")
     v.to_csv(out / "ignition_verdicts.csv", index=False)
     if len(table):
         save_figure(ignition_figure(table, c, long_table=ltable), out / "fig_ignition", png=png)
@@ -471,3 +475,88 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     (out / "ignition.md").write_text(text)
     return {"table": table, "runs": runs, "verdicts": v, "markdown": text, "failed": failed,
             "p_floor": p_floor, "p_budget": p_budget, "bracket": bracket}
+
+
+# ------------------------------------------------------------------ version 2: a dose-response across our threshold
+def dose_specs() -> list[dict]:
+    """The jobs of ``alignment.ignition`` v2: every declared share x seed (pinned, v1's job format)."""
+
+    d = declared("ignition", 2).data
+    return [{"kind": "ignition", "k": int(d["k"]), "seed": int(s), "share": float(p), "switch": int(d["switch"]),
+             "budget": int(d["budget"])} for p in sorted(d["shares"], reverse=True) for s in d["seeds"]]
+
+
+def dose_verdicts(below: tuple[int, int] | None, above: tuple[int, int] | None) -> pd.DataFrame:
+    """The two count rows of ``alignment.ignition`` v2 (rules declared there): ``(ignited, n)`` at the lowest and
+    the highest share of the dose-response."""
+
+    rules = rules_of("ignition", 2)
+    verdicts = []
+    for cnt, want_none in ((below, True), (above, False)):
+        name = next(c for c in rules if ("never" in c) == want_none)
+        claim = Claim(name, rule=rules[name], study="0/12 below, 10/10 above",
+                      fails_if="two or more ignite" if want_none else "at most half ignite")
+        if cnt is None or cnt[1] == 0:
+            verdicts.append(Verdict.not_run(claim))
+            continue
+        k, n = cnt
+        lo, hi = binomial_exact_interval(k, n)
+        if want_none:
+            outcome = Outcome.REPRODUCED if k == 0 else (Outcome.PARTLY if k == 1 else Outcome.NOT_REPRODUCED)
+        else:
+            outcome = Outcome.REPRODUCED if k >= n - 1 else (Outcome.PARTLY if k > n / 2 else Outcome.NOT_REPRODUCED)
+        verdicts.append(Verdict(claim, f"{k}/{n} [{lo:.2f}, {hi:.2f}]", outcome))
+    return verdict_frame(verdicts, "ignition", 2, "pinned (where the threshold was measured)")
+
+
+def dose_figure(table: pd.DataFrame, v1: pd.DataFrame | None) -> go.Figure:
+    """P(ignite within the budget) vs share, exact 95% intervals: v2's fresh seeds, and v1's seeds 0-4 (grey)."""
+    fig = go.Figure()
+    for t, name, color in ((v1, "v1 scan (seeds 0-4: located the bracket)", "#aaa"),
+                           (table, "v2 dose-response (fresh seeds 5-12)", "#d62728")):
+        if t is None or not len(t):
+            continue
+        f = t.ignited / t.seeds
+        fig.add_scatter(x=t.share, y=f, mode="lines+markers", name=name, marker={"size": 10, "color": color},
+                        line={"color": color}, text=[f"{a}/{b}" for a, b in zip(t.ignited, t.seeds)],
+                        error_y={"type": "data", "symmetric": False, "array": t.frac_hi - f,
+                                 "arrayminus": f - t.frac_lo})
+    fig.update_layout(title=f"Ignition within {BUDGET} steps of the switch vs capability share (K = {K}, pinned)",
+                      xaxis={"title": "capability share after the switch", "type": "log"},
+                      yaxis={"title": "fraction of runs igniting (exact 95%)", "range": [-0.05, 1.1]},
+                      width=820, height=480, template="plotly_white", legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def run_dose(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool = True) -> dict:
+    """``python -m studies.alignment ignition-dose``: ``alignment.ignition`` v2; writes ``OUT/ignition_dose.md``,
+    ``ignition_dose_runs.csv``, ``ignition_dose_verdicts.csv`` and ``fig_ignition_dose``."""
+
+    out, d = Path(out), declared("ignition", 2).data
+    c = load_constants(out / "rate_constants.json")
+    res = run_cached_jobs(ignition_job, dose_specs(), out, workers=workers, progress=progress, desc="ignition v2 jobs")
+    runs = pd.DataFrame([{k: v for k, v in r.items() if k != "curve"} for r in res])
+    runs.assign(protocol=stamp("ignition", 2)).to_csv(out / "ignition_dose_runs.csv", index=False)
+    table = share_table(runs, c)
+    v1 = pd.read_csv(out / "ignition_runs.csv") if (out / "ignition_runs.csv").is_file() else None
+    v1t = None
+    if v1 is not None:
+        v1 = v1[v1.share.isin(d["shares"]) & (v1.budget == d["budget"]) & (v1.seed < min(d["seeds"]))]
+        v1t = share_table(v1, c) if len(v1) else None
+    cnt = lambda p: None if not len(table[table.share == p]) else (  # noqa: E731
+        int(table[table.share == p].ignited.iloc[0]), int(table[table.share == p].seeds.iloc[0]))
+    v = dose_verdicts(cnt(min(d["shares"])), cnt(max(d["shares"])))
+    v.to_csv(out / "ignition_dose_verdicts.csv", index=False)
+    save_figure(dose_figure(table, v1t), out / "fig_ignition_dose", png=png)
+    cpu = float(runs.cpu_s.fillna(0).sum()) if "cpu_s" in runs else 0.0
+    cols = ["share", "seeds", "ignited", "frac_lo", "frac_hi", "delay_median", "delay_lo", "delay_hi"]
+    text = "\n".join([
+        "## Ignition: a dose-response across our measured threshold", "",
+        f"Protocol: {stamp('ignition', 2)}. Command: `python -m studies.alignment ignition-dose --out {out}`. "
+        f"K = {K}, pinned preset (where the threshold bracket {d['measured_threshold']} was measured), base-only "
+        f"for {d['switch']} steps then share p; ignited = within {d['budget']} steps. Shares {d['shares']}, fresh "
+        f"seeds {d['seeds']} (n = 8: if the rate at 0.1 is the 1/5 we measured, 'never ignites' fails with "
+        f"probability 0.83). Not run: {d['not_run']}. Training CPU {cpu / 60:.1f} core-min.", "",
+        markdown_table(table[cols].round(3)) if len(table) else "(no runs)", "", markdown_table(v), ""])
+    (out / "ignition_dose.md").write_text(text)
+    return {"table": table, "verdicts": v, "markdown": text}

@@ -62,6 +62,7 @@ from circuitfade.stats import binomial_exact_interval
 from circuitfade.train.langevin import LangevinNoise
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
+from studies.alignment.protocol import OCCUPATION_V1, stamp, stamped
 
 __all__ = ["OccupationConfig", "CONFIG", "WS", "simulate", "base_margins", "planted_delays", "predict_critical_w",
            "critical_w", "occupation_verdicts", "run"]
@@ -83,12 +84,12 @@ class OccupationConfig:
     seeds: int = 5
 
 
-CONFIG = OccupationConfig()
+CONFIG = OccupationConfig(**OCCUPATION_V1.data["config"])
 """The configuration every reported number uses. Fixed from two checks of the *from-scratch* case only
 (planted margin 0, 10 seeds, budget 6000): at ``T = 1e-4`` the noise alone kept 1 of 10 from-scratch seeds
 from igniting, so the temperature was lowered to ``1e-5``, where every from-scratch seed ignited (median
 ~600 steps); the budget is 5x that. Nothing was set from the withholding scan or the prediction."""
-WS = (0, 3, 6, 9, 12, 15, 20, 25, 30, 50, 100, 1000, 10000, 30000)
+WS = tuple(OCCUPATION_V1.data["ws"])
 """Withholding lengths scanned (base-only steps before the capability is added): fine where the base
 task is being learned (the margin moves by ~0.1 per step there), coarse after."""
 MARGINS = tuple(float(x) for x in np.round(np.arange(0.0, 8.01, 0.25), 2))
@@ -346,7 +347,8 @@ def run(*, out: str | Path = "results/alignment", cfg: OccupationConfig = CONFIG
     save_figure(fig, out / "fig_occupation", png=png)  # HTML always; a failed PNG export is reported there
     c = cfg
     md = "\n".join([
-        "## Occupation: a controlled gated-attention model of the deadline", "",
+        "## Occupation: a controlled gated-attention model of the deadline (version 1)", "",
+        f"Protocol: {stamp('occupation', 1)}.",
         f"`python -m studies.alignment occupation` (`studies/alignment/occupation.py`; model and rules in its docstring). "
         f"K = {c.K} parts, N = {c.N} keys, V = {c.V}, SGD lr {c.lr}, weight decay {c.wd}, Langevin T = {c.T}, "
         f"capability share {c.share} after the switch, budget {c.budget} steps, gate g = {c.gate}, "
@@ -358,6 +360,7 @@ def run(*, out: str | Path = "results/alignment", cfg: OccupationConfig = CONFIG
         f"{rel_err:.2f} over {n_rel} W.", "",
         markdown_table(table), "", markdown_table(verdicts), ""])
     (out / "occupation.md").write_text(md)
+    verdicts = stamped(verdicts, "occupation", 1, "toy model (no transformer)")
     verdicts.to_csv(out / "occupation_verdicts.csv", index=False)
     return {"scan": scan, "margins": margin_w, "planted": delays_m, "prediction": pred, "measured": w_meas,
             "cures": cures, "verdicts": verdicts, "markdown": md}

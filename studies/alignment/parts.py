@@ -72,6 +72,7 @@ from studies.alignment.apparatus import (
     run_cached_jobs,
     until_ignition,
 )
+from studies.alignment.protocol import PARTS_V1
 
 __all__ = ["STUDY", "KS", "PARTS", "CLAIMS", "base_job", "reinit_job", "fit_rate", "predict_wait", "freeze_constants",
            "load_constants", "wait_table", "series_ablation", "verdicts", "run_parts", "PartsResult"]
@@ -79,9 +80,9 @@ __all__ = ["STUDY", "KS", "PARTS", "CLAIMS", "base_job", "reinit_job", "fit_rate
 PARTS = ("ablation", "waiting", "rate")
 """The experiments of this module (the others have modules of their own)."""
 
-KS = (2, 3, 4, 5)
-DRIVES = (0.5, 2.0)  # learning-rate multipliers of the drive cells
-DRIVE_CELLS = ((3, 1), (3, 2), (3, 3), (4, 2), (4, 3))
+KS = tuple(PARTS_V1.data["ks"])
+DRIVES = tuple(PARTS_V1.data["drives"])  # learning-rate multipliers of the drive cells
+DRIVE_CELLS = tuple(tuple(c) for c in PARTS_V1.data["drive_cells"])
 HELD_OUT = lambda k, m, drive: k == 5 or (k == 4 and drive != 1.0)  # noqa: E731 - the rule, stated once
 """Rate-equation split, fixed before any run: every K = 5 cell and the K = 4 drive cells are held out."""
 

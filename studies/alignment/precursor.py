@@ -69,7 +69,7 @@ from circuitfade.analysis.precursor import (
     relative_errors,
     source_attention,
 )
-from circuitfade.claims import Outcome
+from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.io import content_hash, read_json, write_json
 from circuitfade.train import new_run, train
 from circuitfade.viz.plots import save_figure
@@ -82,33 +82,37 @@ from studies.alignment.apparatus import (
     THRESHOLD,
     base_config,
     check_finite,
+    is_pinned,
     job_key,
     run_cached_jobs,
 )
+from studies.alignment.protocol import PRECURSOR_V1, stamp, stamped, declared, rules_of, verdict_frame
 
 __all__ = ["K", "DRIVES", "FIT_SEEDS", "HELD_SEEDS", "EVERY", "CAP", "LEVELS", "PRECURSOR", "STUDY_PRECURSOR",
            "probe_set", "precursor_config", "precursor_job", "freeze_predictor", "load_predictor",
-           "precursor_verdicts", "precursor_figure", "run"]
+           "precursor_verdicts", "precursor_figure", "run", "remaining_errors", "precursor_verdicts_v2",
+           "run_unpinned"]
 
-K = 4
-DRIVES = (0.5, 0.7, 1.0)
+_D = PRECURSOR_V1.data
+K = int(_D["k"])
+DRIVES = tuple(_D["drives"])
 """Learning-rate multipliers (K = 4 at drive 1 ignited from scratch at 275-975 steps in part 1)."""
-FIT_SEEDS = tuple(range(0, 6))
-HELD_SEEDS = tuple(range(6, 12))
-EVERY = 5
-CAP = 6000
-LEVELS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
-WINDOW = 5
+FIT_SEEDS = tuple(_D["fit_seeds"])
+HELD_SEEDS = tuple(_D["held_seeds"])
+EVERY = int(_D["every"])
+CAP = int(_D["cap"])
+LEVELS = tuple(_D["levels"])
+WINDOW = int(_D["window"])
 PRECURSOR = "hidden_target"
 MEASURES = ("hidden_target", "hidden_partial_min", "logit_target", "loss_gap", "source_attention_min")
 STUDY_PRECURSOR = {"median_rel_error": 0.05, "held_out": 6}
-RULE_MAX_ERROR = 0.10
+RULE_MAX_ERROR = float(_D["max_error"])
 
 
-def precursor_config(seed: int, drive: float, steps: int):
-    """The K = 4 base config at learning rate ``LR * drive``, evaluated every :data:`EVERY` steps."""
+def precursor_config(seed: int, drive: float, steps: int, *, k: int = K, pinned: bool = True):
+    """The K-part base config (v1: K = 4, pinned) at learning rate ``LR * drive``, evaluated every :data:`EVERY` steps."""
 
-    cfg = base_config(K, seed, steps)
+    cfg = base_config(k, seed, steps, pinned=pinned)
     return replace(cfg, train=replace(cfg.train, lr=LR * float(drive), eval_every=EVERY))
 
 
@@ -149,8 +153,9 @@ def precursor_job(spec: Mapping, out: str) -> dict:
 
     torch.set_num_threads(1)
     seed, drive, cap = int(spec["seed"]), float(spec["drive"]), int(spec["cap"])
+    cfg_at = lambda s: precursor_config(seed, drive, s, k=int(spec["k"]), pinned=is_pinned(spec))  # noqa: E731
     t0 = time.process_time()
-    run = new_run(precursor_config(seed, drive, CHUNK))
+    run = new_run(cfg_at(CHUNK))
     task = run.config.make_task()
     probe = probe_set(task)
     rows: list[dict] = []
@@ -166,7 +171,7 @@ def precursor_job(spec: Mapping, out: str) -> dict:
             ig = ignition_step(accs, steps=steps, baseline=task.chance, threshold=THRESHOLD, patience=PATIENCE)
         if (ig is not None and steps[-1] - ig >= MARGIN) or run.step >= cap:
             break
-        train(precursor_config(seed, drive, min(run.step + CHUNK, cap)), None, run=run, progress=False, logger=log)
+        train(cfg_at(min(run.step + CHUNK, cap)), None, run=run, progress=False, logger=log)
         check_finite(run)
     curves = {c: [r[c] for r in rows] for c in ("step", "acc") + MEASURES}
     return {**spec, "status": "ignited" if ig is not None else "censored", "ignition": ig,
@@ -276,13 +281,14 @@ def sensitivity(held: pd.DataFrame, curves: Mapping, scan: list) -> pd.DataFrame
 
 
 # ------------------------------------------------------------------ the protocol
-def _predict(runs: pd.DataFrame, curves: dict, out: Path) -> tuple[pd.DataFrame, dict, dict, Path]:
+def _predict(runs: pd.DataFrame, curves: dict, out: Path,
+             frozen_name: str = "precursor_constants.json") -> tuple[pd.DataFrame, dict, dict, Path]:
     """Fit the crossing predictor on the fit runs, freeze it, read it back and date every ignited run."""
     ok = runs[runs.status == "ignited"].copy()
     fit = ok[ok.split == "fit"]
     const = fit_crossing([(curves[k]["step"], curves[k][PRECURSOR]) for k in fit.key], fit.ignition.to_numpy(float),
                          fit.drive.to_numpy(float), levels=LEVELS, window=WINDOW)
-    frozen = out / "precursor_constants.json"
+    frozen = out / frozen_name
     freeze_predictor(frozen, const, fit_runs=fit[["seed", "drive", "ignition"]])
     c = load_predictor(frozen)
     pred, tc = zip(*[predict_crossing(curves[k]["step"], curves[k][PRECURSOR], c, drive=d, flat_until=i)
@@ -316,7 +322,7 @@ def _markdown(*, runs, ok, curves, const, sens, c, frozen: Path, failed, err, v,
                                        rel_error_drive=("rel_error_drive", "median"),
                                        lead_fraction=("lead_fraction", "median")).reset_index()
     text = "\n".join([
-        "## Dating an arrival before it happens", "",
+        "## Dating an arrival before it happens (version 1, pinned)", "", f"Protocol: {stamp('precursor', 1)}.",
         f"K = {K}, drives (lr multipliers) {list(DRIVES)}, fit seeds {list(FIT_SEEDS)}, held-out seeds "
         f"{list(HELD_SEEDS)}; evaluation every {EVERY} steps; precursor `{PRECURSOR}` on all "
         f"{3 ** (K + 1)} inputs. Frozen predictor (`precursor_constants.json`, sha256 "
@@ -363,6 +369,7 @@ def run(*, out: str | Path, workers: int = 1, progress: bool = True, png: bool =
     base_m = float(np.median(held.rel_error_median)) if len(held) else None
     base_d = float(np.median(held.rel_error_drive)) if len(held) else None
     v = precursor_verdicts(err, base_m, base_d, len(held))
+    v = stamped(v, "precursor", 1, "pinned")
     v.to_csv(out / "precursor_verdicts.csv", index=False)
     save_figure(precursor_figure(runs, curves, float(c["level"])), out / "fig_precursor", png=png)
     sens = sensitivity(ok[ok.split == "held-out"], curves, const["scan"])
@@ -371,3 +378,83 @@ def run(*, out: str | Path, workers: int = 1, progress: bool = True, png: bool =
                      wall_s=time.time() - t0)
     (out / "precursor.md").write_text(text)
     return {"runs": runs, "verdicts": v, "constants": c, "markdown": text, "failed": failed}
+
+
+# ------------------------------------------------------------------ version 2: error against the time still to go
+def remaining_errors(ok: pd.DataFrame, col: str = "pred") -> np.ndarray:
+    """``|ok[col] - ignition| / (ignition - t_cross)`` per run: the error relative to the time still to go when
+    the date is given; ``inf`` where no date was given (no crossing before ignition)."""
+    num = (ok[col] - ok.ignition).abs().to_numpy(float)
+    den = (ok.ignition - ok.t_cross).to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = num / den
+    r[~np.isfinite(den) | (den <= 0) | np.isnan(num)] = np.inf
+    return r
+
+
+def precursor_verdicts_v2(err: tuple[float, float, float] | None, baseline: float | None, n_held: int,
+                          apparatus: str) -> pd.DataFrame:
+    """The ``alignment.precursor`` v2 row: ``err`` = (median, lo, hi) of :func:`remaining_errors` on the held-out
+    runs, ``baseline`` the fit-median baseline's median on the same denominator."""
+
+    (name, rule), = rules_of("precursor", 2).items()
+    claim = Claim(name, rule=rule, study=f"5% median relative error on {STUDY_PRECURSOR['held_out']} held-out models "
+                                          "(relative to the whole ignition step)",
+                  fails_if="the median error is at or above the fit-median baseline's")
+    if err is None or n_held == 0:
+        return verdict_frame([Verdict.not_run(claim)], "precursor", 2, apparatus)
+    m, lo, hi = err
+    outcome = (Outcome.NOT_REPRODUCED if baseline is None or not m < baseline else
+               Outcome.REPRODUCED if hi < 0.10 else Outcome.PARTLY)
+    ours = (f"median {m:.1%} [{lo:.1%}, {hi:.1%}] of the time still to go, {n_held} held-out runs; fit-median "
+            f"baseline {baseline:.1%}")
+    return verdict_frame([Verdict(claim, ours, outcome)], "precursor", 2, apparatus)
+
+
+def _v2_row(held: pd.DataFrame, apparatus: str) -> pd.DataFrame:
+    if not len(held):
+        return precursor_verdicts_v2(None, None, 0, apparatus)
+    err = median_interval(remaining_errors(held))
+    return precursor_verdicts_v2(err, float(np.median(remaining_errors(held, "pred_median"))), len(held), apparatus)
+
+
+def run_unpinned(*, out: str | Path, workers: int = 1, progress: bool = True, png: bool = True) -> dict:
+    """``alignment.precursor`` v2: the unpinned runs (finished jobs reused), their own frozen predictor
+    (``precursor_unpinned_constants.json``), the error against the time still to go; v1's pinned runs re-scored.
+    Writes ``OUT/precursor_unpinned.md``, ``precursor_unpinned_runs.csv``, ``precursor_unpinned_verdicts.csv``
+    and ``fig_precursor_unpinned``."""
+
+    out, d = Path(out), declared("precursor", 2).data
+    specs = [{"kind": "precursor", "apparatus": "unpinned", "k": int(d["k"]), "seed": s, "drive": float(dr),
+              "every": int(d["every"]), "cap": int(d["cap"])} for s in d["fit_seeds"] + d["held_seeds"]
+             for dr in d["drives"]]
+    res = run_cached_jobs(precursor_job, specs, out, workers=workers, progress=progress, desc="precursor v2 jobs")
+    curves = {job_key(s): r["curves"] for s, r in zip(specs, res) if "curves" in r}
+    runs = pd.DataFrame([{**{k: v for k, v in r.items() if k != "curves"}, "key": job_key(s),
+                          "split": "fit" if s["seed"] in d["fit_seeds"] else "held-out"} for s, r in zip(specs, res)])
+    ok, c, const, frozen = _predict(runs, curves, out, "precursor_unpinned_constants.json")
+    ok["rel_error_remaining"] = remaining_errors(ok)
+    ok["rel_error_remaining_median"] = remaining_errors(ok, "pred_median")
+    ok.assign(protocol=stamp("precursor", 2)).to_csv(out / "precursor_unpinned_runs.csv", index=False)
+    v1 = pd.read_csv(out / "precursor_runs.csv") if (out / "precursor_runs.csv").is_file() else pd.DataFrame()
+    v1_held = v1[(v1.split == "held-out") & (v1.status == "ignited")] if len(v1) else v1
+    v = pd.concat([_v2_row(ok[ok.split == "held-out"], "unpinned"),
+                   _v2_row(v1_held, "pinned (v1 runs, re-scored)")], ignore_index=True)
+    v.to_csv(out / "precursor_unpinned_verdicts.csv", index=False)
+    save_figure(precursor_figure(runs.merge(ok[["key", "pred", "pred_median", "pred_drive"]], on="key", how="left"),
+                                 curves, float(c["level"])), out / "fig_precursor_unpinned", png=png)
+    cols = ["split", "seed", "drive", "ignition", "t_cross", "pred", "rel_error", "lead_fraction", "rel_error_remaining",
+            "rel_error_remaining_median"]
+    cpu = float(runs.cpu_s.fillna(0).sum()) if "cpu_s" in runs else 0.0
+    text = "\n".join([
+        "## Dating an arrival on the unpinned apparatus: error against the time still to go", "",
+        f"Protocol: {stamp('precursor', 2)}. Command: `python -m studies.alignment precursor-unpinned --out {out}`. "
+        f"K = {d['k']} on the unpinned preset, drives {d['drives']}, fit seeds {d['fit_seeds']}, held-out seeds "
+        f"{d['held_seeds']}; precursor `{PRECURSOR}`, level and lead fitted on the fit runs and frozen "
+        f"(`precursor_unpinned_constants.json`, sha256 `{read_json(frozen)['sha256'][:16]}…`): level "
+        f"{c['level']:g}, lead {c['lead']:.1f} steps at drive 1. Primary statistic: |pred - actual| / (actual - "
+        f"t_c). {len(runs) - len(ok)} censored or failed runs. Training CPU {cpu / 60:.1f} core-min.", "",
+        markdown_table(v), "", "Held-out runs:", "",
+        markdown_table(ok[ok.split == "held-out"][cols].sort_values(["seed", "drive"]).round(3)), ""])
+    (out / "precursor_unpinned.md").write_text(text)
+    return {"runs": ok, "verdicts": v, "constants": c, "markdown": text}

@@ -1,9 +1,14 @@
 """``python -m studies.alignment``: run the experiments and write ``OUT/results.md`` and ``OUT/verdicts.csv``.
 
 The experiments: ``ablation``, ``waiting``, ``rate`` (:mod:`.parts`, on the base circuits) and the
-standalone ones with runs or models of their own (:data:`STANDALONE`: :mod:`.cure`, :mod:`.precursor`,
-:mod:`.occupation`, :mod:`.anneal`, :mod:`.ignition`, :mod:`.fdt`), each writing ``OUT/<name>.md``
-and ``OUT/<name>_verdicts.csv``, which the full report joins (from this call or an earlier one).
+standalone ones with runs or models of their own (:data:`STANDALONE`), each writing ``OUT/<name>.md`` and
+``OUT/<name>_verdicts.csv``, which the full report joins (from this call or an earlier one). Version 1 of
+the protocol (the pinned apparatus, as it ran): :mod:`.cure`, :mod:`.precursor`, :mod:`.occupation`,
+:mod:`.anneal`, :mod:`.ignition`, :mod:`.fdt`. Version 2 (the unpinned apparatus, declared in
+:mod:`.protocol`): ``unpinned`` (:mod:`.unpinned`), ``withheld`` (:mod:`.withheld`), ``fdt-unpinned``,
+``precursor-unpinned`` and ``ignition-dose``. ``results.md`` shows both versions' verdicts, each row with
+its apparatus and the stamp (name, version, sha256) of the declaration that produced it; the declarations
+themselves are written to ``OUT/protocol.json``.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import pandas as pd
 import torch
 
 from circuitfade.cli import check_count
+from circuitfade.io import write_json
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
-from studies.alignment import anneal, cure, fdt, ignition, occupation, precursor
+from studies.alignment import anneal, cure, fdt, ignition, occupation, precursor, unpinned, withheld
 from studies.alignment.apparatus import (
     BATCH,
     EVAL_EVERY,
@@ -32,8 +38,9 @@ from studies.alignment.apparatus import (
     V,
 )
 from studies.alignment.parts import KS, PARTS, PartsResult, run_parts, verdicts
+from studies.alignment.protocol import DECLARATIONS, VERDICT_COLUMNS, stamped
 
-__all__ = ["EXPERIMENTS", "STANDALONE", "run", "build_parser", "main"]
+__all__ = ["EXPERIMENTS", "STANDALONE", "VERSION2", "collect_verdicts", "run", "build_parser", "main"]
 
 _STANDALONE_RUN: dict[str, Callable[..., dict]] = {
     "cure": lambda out, workers, progress, png: cure.run(out=out, workers=workers, progress=progress, png=png),
@@ -42,10 +49,21 @@ _STANDALONE_RUN: dict[str, Callable[..., dict]] = {
     "anneal": lambda out, workers, progress, png: anneal.run(out=out, progress=progress, png=png),
     "ignition": lambda out, workers, progress, png: ignition.run(out=out, workers=workers, progress=progress, png=png),
     "fdt": lambda out, workers, progress, png: fdt.run(out=out, progress=progress, png=png),
+    "unpinned": lambda out, workers, progress, png: unpinned.run(out=out, workers=workers, progress=progress, png=png),
+    "withheld": lambda out, workers, progress, png: withheld.run(out=out, workers=workers, progress=progress, png=png),
+    "fdt-unpinned": lambda out, workers, progress, png: fdt.run_unpinned(out=out, progress=progress, png=png),
+    "precursor-unpinned": lambda out, workers, progress, png: precursor.run_unpinned(out=out, workers=workers,
+                                                                                    progress=progress, png=png),
+    "ignition-dose": lambda out, workers, progress, png: ignition.run_dose(out=out, workers=workers,
+                                                                          progress=progress, png=png),
 }
 STANDALONE = tuple(_STANDALONE_RUN)
 """Experiments with their own runs or model; each writes ``OUT/<name>.md`` and ``OUT/<name>_verdicts.csv``."""
+VERSION2 = ("unpinned", "withheld", "fdt-unpinned", "precursor-unpinned", "ignition-dose")
+"""The experiments of version 2 of the protocol (the unpinned apparatus)."""
 EXPERIMENTS = PARTS + STANDALONE
+_FILE = {"fdt-unpinned": "fdt_unpinned", "precursor-unpinned": "precursor_unpinned", "ignition-dose": "ignition_dose"}
+_V1_APPARATUS = {"occupation": "toy model (no transformer)"}
 
 
 def _check(names: list[str], seeds) -> None:
@@ -61,8 +79,9 @@ def _header(called: str, seeds: int, out: Path, with_series: bool, res: PartsRes
     head = ["# No-partial-credit circuit formation", "",
             f"Command: `python -m studies.alignment {called + ' ' if called else ''}--seeds {seeds} --out {out}"
             + (" --with-series" if with_series else "") + "`.",
-            f"Apparatus: kpart, V = {V}, {N_DISTRACTORS} distractor, K in {list(KS)}, pinned one-layer preset "
-            f"(K + 2 heads, d_model 32, d_head 8, MLP 64), AdamW lr {LR}, batch {BATCH}; evaluation every "
+            f"Apparatus: kpart, V = {V}, {N_DISTRACTORS} distractor, one-layer preset (K + 2 heads, d_model 32, "
+            f"d_head 8, MLP 64), pinned (version 1: K in {list(KS)}) or unpinned (version 2: no prior, learned "
+            f"query-key routing), AdamW lr {LR}, batch {BATCH}; evaluation every "
             f"{EVAL_EVERY} steps ({REINIT_EVAL_EVERY} after re-initialisation) on {EVAL_SIZE} sequences; ignition = "
             f"first step half way from chance to 1 for {PATIENCE} evaluations in a row and for good (single dips "
             f"tolerated); runs stop {MARGIN} steps after ignition. Seeds {list(range(seeds))}.",
@@ -75,14 +94,55 @@ def _header(called: str, seeds: int, out: Path, with_series: bool, res: PartsRes
     return head
 
 
+def _verdict_file(out: Path, name: str) -> Path:
+    return out / f"{_FILE.get(name, name)}_verdicts.csv"
+
+
+def collect_verdicts(out: Path, parts_v1: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(version 2, version 1)`` verdict tables (:data:`~studies.alignment.protocol.VERDICT_COLUMNS`) from
+    ``parts_v1`` (this call's part-1 verdicts) and every ``OUT/<experiment>_verdicts.csv`` present (this or an
+    earlier call); version-1 files without the apparatus and protocol columns are stamped here."""
+    v1 = [] if parts_v1 is None else [stamped(parts_v1, "parts", 1, "pinned")]
+    v2 = []
+    for name in STANDALONE:
+        f = _verdict_file(out, name)
+        if not f.is_file():
+            continue
+        df = pd.read_csv(f)
+        if name in VERSION2:
+            v2.append(df[list(VERDICT_COLUMNS)])
+        else:
+            v1.append(stamped(df, name, 1, _V1_APPARATUS.get(name, "pinned")))
+    empty = pd.DataFrame(columns=list(VERDICT_COLUMNS))
+    return (pd.concat(v2, ignore_index=True) if v2 else empty), (pd.concat(v1, ignore_index=True) if v1 else empty)
+
+
+def _summary_section(v2: pd.DataFrame, v1: pd.DataFrame) -> str:
+    decl = pd.DataFrame([{"declaration": d.name, "version": d.version, "sha256": d.sha256()}
+                         for d in DECLARATIONS.values()])
+    return "\n".join([
+        "## What reproduced, on which apparatus", "",
+        "Two apparatus: *pinned* (each part head's read-out fixed by `PinnedReadout`; version 1 of the protocol, "
+        "as it ran) and *unpinned* (no prior: every head learns its own query-key routing, so a part is QK and OV; "
+        "version 2, declared in `studies/alignment/protocol.py` before its runs). Every row names its apparatus "
+        "and the declaration (sha256) that produced it; rules are in the rule column and, with their grids and "
+        "seed counts, in `protocol.json`.", "",
+        "### Version 2 (unpinned apparatus; re-judged pinned rows are labelled)", "",
+        markdown_table(v2) if len(v2) else "(no version-2 experiment run yet)", "",
+        "### Version 1 (pinned apparatus, as it ran)", "", markdown_table(v1) if len(v1) else "(none)", "",
+        "### Declarations", "", markdown_table(decl), ""])
+
+
 def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | Path = "results/alignment",
         workers: int = 2, with_series: bool = False, progress: bool = True, png: bool = True) -> dict:
-    """Run the named experiments (default: all) and write ``OUT/results.md``, CSVs and figures."""
+    """Run the named experiments (default: all) and write ``OUT/results.md``, ``verdicts.csv``, ``protocol.json``."""
     names = list(experiments or EXPERIMENTS)
     _check(names, seeds)
     torch.set_num_threads(1)  # the developing series and the analyses run in this process
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "protocol.json", {f"{d.name} v{d.version}": {"payload": d.payload(), "sha256": d.sha256()}
+                                       for d in DECLARATIONS.values()})
     t_start = time.time()
     standalone = {n: _STANDALONE_RUN[n](out, workers, progress, png) for n in names if n in STANDALONE}
     names = [n for n in names if n not in STANDALONE]
@@ -91,16 +151,15 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         return {"summary": {}, "verdicts": v, "markdown": "\n\n".join(r["markdown"] for r in standalone.values()),
                 **standalone}
     res = run_parts(names, seeds=seeds, out=out, workers=workers, with_series=with_series, progress=progress)
-    v = verdicts(res.summary)
-    for extra in STANDALONE:  # their rows (from this or an earlier call)
-        if (out / f"{extra}_verdicts.csv").is_file():
-            v = pd.concat([v, pd.read_csv(out / f"{extra}_verdicts.csv")], ignore_index=True)
+    v2, v1 = collect_verdicts(out, verdicts(res.summary))
     for name, fig in res.figures:
         save_figure(fig, out / f"fig_{name}", png=png)
     head = _header(" ".join(experiments or []), seeds, out, with_series, res, time.time() - t_start)
-    text = ("\n".join(head) + "\n## Claim-by-claim verdict\n\n" + markdown_table(v) + "\n\n" + "\n".join(res.sections)
-            + "".join("\n" + (out / f"{x}.md").read_text() for x in STANDALONE if (out / f"{x}.md").is_file()))
+    mds = [(out / f"{_FILE.get(x, x)}.md") for x in VERSION2 + tuple(x for x in STANDALONE if x not in VERSION2)]
+    text = ("\n".join(head) + "\n" + _summary_section(v2, v1) + "\n## Version 1: part ablation, waiting times, rate "
+            "equation (pinned)\n\n" + "\n".join(res.sections) + "".join("\n" + f.read_text() for f in mds if f.is_file()))
     (out / "results.md").write_text(text)
+    v = pd.concat([v2, v1], ignore_index=True)
     v.to_csv(out / "verdicts.csv", index=False)
     return {"summary": res.summary, "verdicts": v, "markdown": text, "base": res.base, "reinit": res.reinit}
 

@@ -1,0 +1,224 @@
+"""Every verdict rule of the alignment study can fail: for each rule declared in
+``studies.alignment.protocol`` (both versions) a planted input on which it must say "not reproduced"
+and one on which it must say "reproduced". A rule without a case here fails the coverage test."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from studies.alignment import anneal, cure, fdt, ignition, occupation, precursor, unpinned, withheld
+from studies.alignment import parts as P
+from studies.alignment.protocol import DECLARATIONS, VERDICT_COLUMNS, rules_of
+
+
+def _word(table: pd.DataFrame, claim: str) -> str:
+    row = table[table.claim == claim]
+    assert len(row) >= 1, (claim, list(table.claim))
+    return str(row.verdict.iloc[0])
+
+
+# ------------------------------------------------------------------ version 1 planted inputs
+_POOL = {"n_discriminating": 20, "n_below": 20, "p_sign": 2 ** -20, "median": 0.01, "median_lo": 0.0,
+         "median_hi": 0.02}
+
+
+def _parts(good: bool):
+    if good:
+        return P.verdicts({"ratio": (1.3, 1.1, 1.5), "pooled": _POOL, "random_median": 1.0, "rate_error": 0.2,
+                           "rate_n": 4})
+    return P.verdicts({"ratio": (3.0, 2.5, 3.5), "pooled": {**_POOL, "n_below": 10, "p_sign": 0.6, "median": 0.6},
+                       "random_median": 0.5, "rate_error": 0.9, "rate_n": 4})
+
+
+def _cure(good: bool):
+    if good:
+        return cure.cure_verdicts({"qk": (6, 6), "ov": (0, 6)}, 1000)
+    no_critical = cure.cure_verdicts({"qk": (6, 6), "ov": (0, 6)}, None)  # every scanned W had an igniting seed
+    return pd.concat([no_critical.iloc[:1], cure.cure_verdicts({"qk": (2, 6), "ov": (5, 6)}, 1000).iloc[1:]])
+
+
+def _ignition(good: bool):
+    kw = dict(above=(10, 10), below=(0, 12), delay=(258.0, 200.0, 300.0), predicted_delay=258.0, flat=True,
+              p_budget=0.043, p_floor=1e-10, bracket=(0.02, 0.05), long=(0, 5))
+    if not good:
+        kw.update(above=(5, 10), below=(4, 12), delay=(1200.0, 900.0, 1500.0), bracket=(0.2, 0.5), long=(3, 5))
+    return ignition.ignition_verdicts(**kw)
+
+
+def _precursor(good: bool):
+    return precursor.precursor_verdicts((0.05, 0.04, 0.06), 0.4, 0.3, 18) if good else \
+        precursor.precursor_verdicts((0.5, 0.4, 0.6), 0.4, 0.3, 18)
+
+
+def _occupation(good: bool):
+    ws = [0, 5, 9, 20]
+    if good:
+        return occupation.occupation_verdicts({"w_star": 9, "m_crit": 2.0}, 9, {"key side (QK) re-init": (5, 5),
+                                              "capability query side re-init": (1, 5)}, ws)
+    bad = occupation.occupation_verdicts({"w_star": 0, "m_crit": 0.5}, 20, {"key side (QK) re-init": (3, 5),
+                                         "capability query side re-init": (3, 5)}, ws)
+    none = occupation.occupation_verdicts({"w_star": 9, "m_crit": 0.5}, None, {}, ws)
+    return pd.concat([none.iloc[:1], bad.iloc[1:]], ignore_index=True)
+
+
+def _melt(lost: dict) -> pd.DataFrame:
+    return pd.DataFrame([{"seed": s, "T": t, "lost": bool(x)} for t, xs in lost.items() for s, x in enumerate(xs)])
+
+
+def _pin(kc, kk, n=5):
+    return pd.DataFrame([{"arm": arm, "seed": s, "lost": s >= kept, "pinned_max_change": 0.0, "free_disp": 0.5,
+                          "free_disp_t0": 0.001} for arm, kept in (("circuit", kc), ("control circuit", kk))
+                         for s in range(n)])
+
+
+def _anneal(good: bool):
+    h, nan = anneal.HOLD, np.nan
+    if good:
+        melt = _melt({0.0: [0] * 5, 1e-2: [1] * 5})
+        ann = [h + 10, h + 50, h + 300, h + 400, nan], [nan] * 5
+        pin = _pin(5, 0)
+    else:
+        melt = _melt({0.0: [0] * 5, 1e-2: [1, 1, 0, 0, 0]})
+        ann = [h + 10, nan, nan, nan, nan], [nan] * 5
+        pin = _pin(2, 2)
+    rows = [{"arm": arm, "seed": i, "ignition": x} for arm, xs in zip(("anneal", "constant"), ann)
+            for i, x in enumerate(xs)]
+    return anneal.verdicts(melt, pin, pd.DataFrame(rows))
+
+
+def _fdt_run(arm, thermal, yaida="consistent"):
+    return {"arm": arm, "status": "done", "thermal": thermal, "stationary": True, "spread": 3.0,
+            "spread_without_qk": 2.0, "yaida": {"verdict": yaida, "relative": 0.01}}
+
+
+def _fdt(good: bool):
+    if good:
+        runs = [_fdt_run("sgd", "fails") for _ in range(5)] + [_fdt_run("langevin", "passes") for _ in range(5)]
+    else:
+        runs = [_fdt_run("sgd", "passes", "violated") for _ in range(5)] + [_fdt_run("langevin", "fails")
+                                                                             for _ in range(5)]
+    return fdt.fdt_verdicts(runs)
+
+
+# ------------------------------------------------------------------ version 2 planted inputs
+def _abl(retained_by_cell: list[float], random: float) -> pd.DataFrame:
+    rows = []
+    for i, r in enumerate(retained_by_cell):
+        k = 2 + i % 3
+        rows += [{"kind": "part", "k": k, "seed": i, "retained": r * (k - 1) / k, "partial_credit": (k - 1) / k}]
+        rows += [{"kind": "random", "k": k, "seed": i, "retained": random, "partial_credit": (k - 1) / k}]
+    return pd.DataFrame(rows)
+
+
+def _series(ratio: float) -> pd.DataFrame:
+    return pd.DataFrame([{"step": s, "kind": "part", "part": p, "retained": 0.5 * ratio, "partial_credit": 0.5}
+                         for s in (100, 200, 300) for p in ("a", "b")])
+
+
+def _parts_v2(good: bool):
+    table, _ = unpinned.unpinned_verdicts(_abl([0.0] * 9, 1.0) if good else _abl([1.0] * 9, 0.5), None,
+                                          _series(0.0 if good else 1.0))
+    return table
+
+
+def _pilot(good: bool):
+    pilot = pd.DataFrame({"w": [1000, 3000], "seeds": [4, 4], "ignited": [4, 0 if good else 1]})
+    smooth = [1.0, 1.1, 1.2, 1.0] if good else [3.0, 2.0, 1.0, 5.0]
+    return pd.DataFrame([{"claim": v.claim.name, "verdict": v.word} for v in withheld.pilot_verdicts(pilot, smooth)])
+
+
+def _cure_v2(good: bool):
+    counts = {"none": (5, 10), "qk": (10, 10), "ov": (5, 10)} if good else \
+        {"none": (5, 10), "qk": (4, 10), "ov": (10, 10)}
+    return pd.DataFrame([{"claim": v.claim.name, "verdict": v.word} for v in withheld.cure_verdicts_v2(counts)])
+
+
+def _fdt_groups(spread: float):
+    return [{"group": "OV", "d": 500, "T_kin": 1.0, "lo": 0.95, "hi": 1.05},
+            {"group": "MLP", "d": 500, "T_kin": spread, "lo": spread * 0.95, "hi": spread * 1.05}]
+
+
+def _fdt_v2(good: bool):
+    runs = [{"arm": "sgd", "status": "done", "stationary": True, "groups": _fdt_groups(30.0 if good else 1.1)}
+            for _ in range(3)]
+    runs += [{"arm": "langevin", "status": "done", "stationary": True, "groups": _fdt_groups(1.1 if good else 30.0)}
+             for _ in range(3)]
+    return fdt.fdt_verdicts_v2(runs, apparatus="planted")
+
+
+def _precursor_v2(good: bool):
+    return precursor.precursor_verdicts_v2((0.04, 0.02, 0.08), 0.5, 8, "planted") if good else \
+        precursor.precursor_verdicts_v2((0.6, 0.3, 0.9), 0.5, 8, "planted")
+
+
+def _ignition_v2(good: bool):
+    return ignition.dose_verdicts((0, 8), (8, 8)) if good else ignition.dose_verdicts((3, 8), (4, 8))
+
+
+CASES = {("parts", 1): _parts, ("cure", 1): _cure,
+         ("ignition", 1): _ignition, ("precursor", 1): _precursor, ("occupation", 1): _occupation,
+         ("anneal", 1): _anneal, ("fdt", 1): _fdt, ("parts", 2): _parts_v2, ("cure-pilot", 2): _pilot,
+         ("cure", 2): _cure_v2, ("fdt", 2): _fdt_v2, ("precursor", 2): _precursor_v2, ("ignition", 2): _ignition_v2}
+RULES = [(key, claim) for key in DECLARATIONS for claim in DECLARATIONS[key].data["rules"]]
+
+
+def test_every_declared_rule_has_a_planted_case():
+    assert set(DECLARATIONS) == set(CASES)
+    assert len(RULES) >= 30
+
+
+@pytest.mark.parametrize("key,claim", RULES, ids=[f"{k[0]}-v{k[1]}-{i}" for i, (k, _) in enumerate(RULES)])
+def test_the_rule_can_fail_and_can_hold(key, claim):
+    fails, holds = CASES[key](False), CASES[key](True)
+    assert _word(fails, claim) == "not reproduced"
+    assert _word(holds, claim) == "reproduced"
+
+
+@pytest.mark.parametrize("key", list(CASES), ids=[f"{k[0]}-v{k[1]}" for k in CASES])
+def test_the_rule_text_in_every_table_is_the_declared_one(key):
+    declared = rules_of(*key)
+    for good in (True, False):
+        table = CASES[key](good)
+        if "rule" not in table:
+            continue
+        for claim, rule in zip(table.claim, table.rule):
+            if claim in declared and rule != "—":
+                assert rule.startswith(declared[claim]), (claim, rule, declared[claim])
+
+
+def test_version_2_tables_carry_apparatus_and_protocol():
+    for key in [k for k in CASES if k[1] == 2 and k[0] not in ("cure-pilot", "cure")]:
+        table = CASES[key](True)
+        assert list(table.columns) == list(VERDICT_COLUMNS)
+        assert all(p.startswith(f"alignment.{key[0]} v2 (sha256 ") for p in table.protocol)
+
+
+def test_the_series_row_and_the_pinned_control_follow_the_credit_rule():
+    table, summary = unpinned.unpinned_verdicts(_abl([1.0] * 9, 1.0), _abl([0.0] * 9, 1.0), _series(1.7))
+    assert list(table.verdict) == ["not reproduced", "reproduced", "reproduced", "not reproduced"]
+    assert list(table.apparatus)[-1].startswith("developing series") and summary["series"]["n"] == 6
+    few, _ = unpinned.unpinned_verdicts(_abl([0.0] * 3, 1.0), None, None)
+    assert list(few.verdict) == ["inconclusive", "reproduced", "not run", "not run"]
+
+
+def test_cure_rows_are_not_testable_when_the_untreated_arm_is_at_zero_or_all():
+    for none in ((0, 10), (10, 10)):
+        words = [v.word for v in withheld.cure_verdicts_v2({"none": none, "qk": (10, 10), "ov": (0, 10)})]
+        assert all(w.startswith("not testable") for w in words)
+    v = withheld.cure_verdicts_v2({"none": (2, 6), "qk": (2, 6), "ov": (5, 6)})  # v1's pinned W = 10000
+    assert [x.word for x in v] == ["not reproduced", "inconclusive"]
+    assert "p(arm > untreated) = 0.121" in v[1].ours
+
+
+def test_smoothness_statistic_on_planted_curves():
+    assert withheld.smoothness(np.exp(-np.arange(50) / 5.0)) == pytest.approx(1.0)
+    saw = [1.0, 0.1, 0.5, 0.01, 0.05, 0.001]
+    rise = math.log10(5) * 2
+    assert withheld.smoothness(saw) == pytest.approx((3 + 2 * rise) / 3)
+    assert withheld.smoothness([1e-9, 1e-8, 1e-7]) == math.inf  # at the floor, then up: no fall
+    with pytest.raises(ValueError, match="two finite"):
+        withheld.smoothness([1.0])
