@@ -242,14 +242,16 @@ class StackedModel:
             b = torch.stack([P_[pre + "b_Q"], P_[pre + "b_K"], P_[pre + "b_V"]], 1)  # [E, 3, head, d_head]
             qkv = torch.bmm(x.reshape(E, B * P, D), w.permute(0, 3, 1, 2, 4).reshape(E, D, 3 * H * Dh))
             qkv = qkv + b.reshape(E, 1, -1)
-            q, k, v = qkv.view(E, B, P, 3, H, Dh).permute(3, 0, 1, 4, 2, 5)  # 3 x [E, batch, head, pos, d_head]
+            # unbind along the q/k/v axis (not a permute then unbind): the backward then stacks the three
+            # gradients straight into qkv's layout (one copy, not a stack and a strided reshape)
+            q, k, v = (t.transpose(2, 3) for t in qkv.view(E, B, P, 3, H, Dh).unbind(3))  # [E, batch, head, pos, d_head]
             M = P
         else:
             w = torch.stack([P_[pre + "W_K"], P_[pre + "W_V"]], 1)
             b = torch.stack([P_[pre + "b_K"], P_[pre + "b_V"]], 1)
             kv = torch.bmm(x.reshape(E, B * P, D), w.permute(0, 3, 1, 2, 4).reshape(E, D, 2 * H * Dh))
             kv = kv + b.reshape(E, 1, -1)
-            k, v = kv.view(E, B, P, 2, H, Dh).permute(3, 0, 1, 4, 2, 5)
+            k, v = (t.transpose(2, 3) for t in kv.view(E, B, P, 2, H, Dh).unbind(3))
             M = rows.numel()
             xq = x[:, :, rows].reshape(E, B * M, D)
             q = torch.bmm(xq, P_[pre + "W_Q"].permute(0, 2, 1, 3).reshape(E, D, H * Dh))

@@ -1,0 +1,256 @@
+"""Runs per hour and peak memory of the ensemble trainer against the sequential trainer, side by side.
+
+Each measurement is a fresh process with one torch thread that trains real runs into a
+temporary folder (checkpoints, metrics and evaluations included): the sequential trainer
+trains one run (:func:`circuitfade.train.train`), the ensemble trainer trains E runs together
+(:func:`circuitfade.train.ensemble.train_ensemble`, E = 1, 4, 16, 64 by default; seeds 0..E-1,
+the default model, task and gate path, ``--steps`` steps with an evaluation every
+``--eval-every`` steps and a checkpoint every ``--checkpoint-every``). The process measures
+its own training time (wall clock and CPU time, imports excluded) and its peak resident
+memory (``ru_maxrss``).
+
+The measurements interleave round by round (sequential, E = 1, 4, 16 in turn, ``--rounds``
+times; the largest E, which takes longest, in ``--big-rounds`` rounds), so a loaded machine
+slows all of them alike. For each round and E, the ratio is
+
+    ratio(E) = (E / ensemble seconds) / (1 / sequential seconds of the same round)
+
+(runs per hour of the ensemble over runs per hour of the sequential trainer), on wall time
+and on CPU time; the median over rounds is reported. The default ensemble size for the
+device is the E with the highest median runs per hour (CPU time on a CPU, wall time on a
+GPU); it is written with every figure to ``--out`` (``results/benchmarks/ensemble.json``)
+and compared with :data:`circuitfade.train.ensemble.DEFAULT_MEMBERS`.
+
+    python benchmarks/ensemble.py [--steps 100] [--rounds 3] [--sizes 1,4,16,64] [--big-rounds 1]
+                                  [--device cpu] [--out results/benchmarks/ensemble.json]
+
+Where the rest goes: a training step's time is a fixed part (Python, operator dispatch,
+autograd bookkeeping, the optimizer: independent of the batch) plus a part proportional to
+the batch. Each round also measures the single trainer's CPU milliseconds per step at batch
+8, 64 and 128 (40 steps each, no evaluation) and fits ``t(batch) = fixed + batch * per_example``.
+An ensemble removes at most the fixed part (its members' arithmetic is the single runs'),
+so ``t(64) / (t(64) - fixed)`` is the ceiling of its ratio at batch 64; the ratio measured
+at each E is reported next to it.
+
+``--profile E`` instead prints a ``torch.profiler`` table of ten ensemble steps at E (and of
+E single steps, for comparison): where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def configs(n: int, steps: int, eval_every: int, checkpoint_every: int, device: str):
+    from circuitfade.train import RunConfig, TrainConfig
+
+    tc = TrainConfig(steps=steps, eval_every=eval_every, checkpoint_every=checkpoint_every, device=device)
+    return [RunConfig(path="fade600->0", seed=s, train=tc) for s in range(n)]
+
+
+def child(mode: str, n: int, args: argparse.Namespace) -> dict:
+    """Train (one run, or ``n`` runs as an ensemble) in this process; time and memory."""
+    import torch
+
+    from circuitfade.train import train
+    from circuitfade.train.ensemble import train_ensemble
+
+    torch.set_num_threads(1)
+    cfgs = configs(n, args.steps, args.eval_every, args.checkpoint_every, args.device)
+    with tempfile.TemporaryDirectory(prefix="bench_ensemble_") as tmp:
+        dirs = [Path(tmp) / f"r{i}" for i in range(n)]
+        w0, c0 = time.perf_counter(), time.process_time()
+        if mode == "sequential":
+            for c, d in zip(cfgs, dirs):
+                train(c, d, progress=False)
+            status = ["done"] * n
+        else:
+            status = [o.status.value for o in train_ensemble(cfgs, dirs)]
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
+    gpu = torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda") else None
+    return {"mode": mode, "runs": n, "wall_s": wall, "cpu_s": cpu, "rss_mib": peak, "gpu_mib": gpu, "status": status}
+
+
+def step_costs() -> dict:
+    """CPU milliseconds per training step of the single trainer at batch 8, 64, 128; the fixed part,
+    the per-example part (least squares on the three) and the ensemble's ceiling at batch 64."""
+    import torch
+
+    from circuitfade.train import RunConfig, TrainConfig, fit, new_run
+
+    torch.set_num_threads(1)
+    ms = {}
+    for bs in (8, 64, 128):
+        run = new_run(RunConfig(path="fade600->0", train=TrainConfig(steps=10**6, eval_every=10**6, batch_size=bs)))
+        fit(run, until=3, progress=False)
+        c0 = time.process_time()
+        fit(run, until=run.step + 40, progress=False)
+        ms[bs] = (time.process_time() - c0) / 40 * 1e3
+    xs = list(ms)
+    xm, ym = statistics.mean(xs), statistics.mean(ms.values())
+    per_example = sum((x - xm) * (ms[x] - ym) for x in xs) / sum((x - xm) ** 2 for x in xs)
+    fixed = ym - per_example * xm
+    return {"mode": "step_costs", "ms_per_step": ms, "fixed_ms": fixed, "per_example_ms": per_example,
+            "ceiling_at_64": ms[64] / max(ms[64] - fixed, 1e-9), "status": ["done"]}
+
+
+def measure(mode: str, n: int, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--child", mode, str(n), "--steps", str(args.steps), "--eval-every",
+           str(args.eval_every), "--checkpoint-every", str(args.checkpoint_every), "--device", args.device]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    if any(s != "done" for s in r.get("status", [])):
+        raise RuntimeError(f"{mode} E={n}: runs did not finish: {r['status']}")
+    return r
+
+
+def profile(n: int, args: argparse.Namespace) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from circuitfade.train import fit, new_run
+    from circuitfade.train.ensemble import Ensemble
+    from circuitfade.train.state import one_thread
+
+    cfgs = configs(n, 100_000, 100_000, 100_000, args.device)
+    task = cfgs[0].make_task()
+    ens = Ensemble([new_run(c) for c in cfgs])
+    single = new_run(cfgs[0])
+    with one_thread():
+        ens.train_step(task)
+        fit(single, until=2, progress=False)
+        for name, fn in (("ensemble", lambda: [ens.train_step(task) for _ in range(10)]),
+                         ("single", lambda: fit(single, until=single.step + 10 * n, progress=False))):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+            print(f"--- {name}: 10 steps of E={n}" if name == "ensemble" else f"--- {name}: {10 * n} steps")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--checkpoint-every", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--big-rounds", type=int, default=1, help="rounds for the largest E (default %(default)s)")
+    ap.add_argument("--sizes", default="1,4,16,64", help="ensemble sizes E (comma-separated)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ensemble.json"))
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--profile", type=int, metavar="E", help="print where an ensemble step's time goes at E")
+    args = ap.parse_args(argv)
+    if min(args.steps, args.eval_every, args.checkpoint_every, args.rounds, args.big_rounds) < 1:
+        raise SystemExit("--steps, --eval-every, --checkpoint-every, --rounds and --big-rounds must be >= 1")
+    if args.child:
+        mode, n = args.child[0], int(args.child[1])
+        print(json.dumps(step_costs() if mode == "step_costs" else child(mode, n, args)))
+        return {}
+    if args.profile:
+        profile(args.profile, args)
+        return {}
+    sizes = sorted({int(s) for s in args.sizes.split(",")})
+    if not sizes or sizes[0] < 1:
+        raise SystemExit(f"--sizes: expected positive integers, got {args.sizes!r}")
+    big = sizes[-1] if len(sizes) > 1 else None
+    rows: list[dict] = []
+    t0 = time.time()
+    for r in range(max(args.rounds, args.big_rounds)):
+        plan = [("sequential", 1)] + [("ensemble", n) for n in sizes if n != big and r < args.rounds]
+        plan.append(("step_costs", 0))
+        if big is not None and r < args.big_rounds:
+            plan.append(("ensemble", big))
+        if r % 2:  # alternate the order round by round
+            plan = [plan[0]] + plan[:0:-1]
+        for mode, n in plan:
+            m = measure(mode, n, args)
+            m["round"] = r
+            rows.append(m)
+            if mode == "step_costs":
+                print(f"round {r}: single step at batch 8/64/128: "
+                      + "/".join(f"{v:.1f}" for v in m["ms_per_step"].values())
+                      + f" ms (cpu): fixed {m['fixed_ms']:.1f} ms + {m['per_example_ms']:.3f} ms per example; "
+                      f"ceiling at batch 64 {m['ceiling_at_64']:.2f}", flush=True)
+                continue
+            print(f"round {r}: {mode:10s} E={n:<4d} wall {m['wall_s']:7.1f} s  cpu {m['cpu_s']:7.1f} s  "
+                  f"peak RSS {m['rss_mib']:6.0f} MiB", flush=True)
+    seq = {m["round"]: m for m in rows if m["mode"] == "sequential"}
+    summary = {}
+    for n in sizes:
+        ms = [m for m in rows if m["mode"] == "ensemble" and m["runs"] == n]
+        ratio_wall = [n * seq[m["round"]]["wall_s"] / m["wall_s"] for m in ms]
+        ratio_cpu = [n * seq[m["round"]]["cpu_s"] / m["cpu_s"] for m in ms]
+        summary[n] = {
+            "rounds": len(ms),
+            "runs_per_hour_wall": statistics.median(3600 * n / m["wall_s"] for m in ms),
+            "runs_per_hour_cpu": statistics.median(3600 * n / m["cpu_s"] for m in ms),
+            "ratio_wall": statistics.median(ratio_wall), "ratio_cpu": statistics.median(ratio_cpu),
+            "ratios_wall": ratio_wall, "ratios_cpu": ratio_cpu,
+            "rss_mib": statistics.median(m["rss_mib"] for m in ms),
+            "gpu_mib": ms[0]["gpu_mib"],
+        }
+    seq_rph_wall = statistics.median(3600 / m["wall_s"] for m in seq.values())
+    seq_rph_cpu = statistics.median(3600 / m["cpu_s"] for m in seq.values())
+    seq_rss = statistics.median(m["rss_mib"] for m in seq.values())
+    costs = [m for m in rows if m["mode"] == "step_costs"]
+    fixed = statistics.median(m["fixed_ms"] for m in costs)
+    per_example = statistics.median(m["per_example_ms"] for m in costs)
+    ceiling = statistics.median(m["ceiling_at_64"] for m in costs)
+    key = "ratio_wall" if args.device.startswith("cuda") else "ratio_cpu"
+    best = max(sizes, key=lambda n: summary[n][key])
+    kind = args.device.split(":")[0]
+    from circuitfade.train.ensemble import DEFAULT_MEMBERS
+
+    print(f"\nbase model, fade600->0, {args.steps} steps (evaluation every {args.eval_every}, checkpoint every "
+          f"{args.checkpoint_every}), one thread, {args.device}; medians over rounds ({time.time() - t0:.0f} s in all)")
+    print(f"  sequential     {seq_rph_wall:7.0f} runs/h (wall)  {seq_rph_cpu:7.0f} runs/h (cpu)  peak RSS "
+          f"{seq_rss:5.0f} MiB")
+    for n in sizes:
+        s = summary[n]
+        print(f"  ensemble E={n:<3d} {s['runs_per_hour_wall']:7.0f} runs/h (wall)  {s['runs_per_hour_cpu']:7.0f} "
+              f"runs/h (cpu)  peak RSS {s['rss_mib']:5.0f} MiB  ratio {s['ratio_wall']:.2f} (wall) "
+              f"{s['ratio_cpu']:.2f} (cpu)  [{s['rounds']} round(s)]")
+    print(f"where the rest goes: a single step at batch 64 is {fixed:.1f} ms fixed + {64 * per_example:.1f} ms "
+          f"proportional to the batch (cpu); removing all of the fixed part gives at most {ceiling:.2f}x")
+    print(f"default E for {kind}: {best} (highest median {key.replace('_', ' ')}); "
+          f"DEFAULT_MEMBERS[{kind!r}] = {DEFAULT_MEMBERS.get(kind)}"
+          + ("" if DEFAULT_MEMBERS.get(kind) == best else "  <- differs: update DEFAULT_MEMBERS"))
+    result = {
+        "command": "python benchmarks/ensemble.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "device": args.device, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+        "loadavg_at_end": os.getloadavg(), "steps": args.steps, "eval_every": args.eval_every,
+        "checkpoint_every": args.checkpoint_every,
+        "sequential": {"runs_per_hour_wall": seq_rph_wall, "runs_per_hour_cpu": seq_rph_cpu, "rss_mib": seq_rss},
+        "ensemble": {str(n): s for n, s in summary.items()},
+        "step_costs": {"fixed_ms": fixed, "per_example_ms": per_example, "ceiling_at_64": ceiling},
+        "default_members": {kind: best}, "measurements": rows,
+    }
+    from circuitfade.io import write_json
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result)
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
