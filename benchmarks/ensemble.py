@@ -21,7 +21,7 @@ device is the E with the highest median runs per hour (CPU time on a CPU, wall t
 GPU); it is written with every figure to ``--out`` (``results/benchmarks/ensemble.json``)
 and compared with :data:`circuitfade.train.ensemble.DEFAULT_MEMBERS`.
 
-    python benchmarks/ensemble.py [--steps 100] [--rounds 3] [--sizes 1,4,16,64] [--big-rounds 1]
+    python benchmarks/ensemble.py [--steps 200] [--rounds 3] [--sizes 1,4,16,64] [--big-rounds 1]
                                   [--device cpu] [--out results/benchmarks/ensemble.json]
 
 Where the rest goes: a training step's time is a fixed part (Python, operator dispatch,
@@ -147,9 +147,9 @@ def profile(n: int, args: argparse.Namespace) -> None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--checkpoint-every", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=100, help="as a default run (default %(default)s)")
+    ap.add_argument("--checkpoint-every", type=int, default=300, help="as a default run (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-rounds", type=int, default=1, help="rounds for the largest E (default %(default)s)")
     ap.add_argument("--sizes", default="1,4,16,64", help="ensemble sizes E (comma-separated)")

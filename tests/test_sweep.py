@@ -127,6 +127,10 @@ def test_plan_jobs_groups_runs_by_shape_and_budget(tmp_path):
 
 @pytest.mark.slow
 def test_ensemble_executor_trains_what_serial_trains_and_reuses_finished_runs(tmp_path):
+    from test_ensemble import blas_batches_like_single
+
+    if not blas_batches_like_single():
+        pytest.skip("this BLAS rounds batched products differently from single ones (members match to 1e-5)")
     cfgs = configs()
     parent = cfgs[0]
     child = child_of(tmp_path / "ens", parent, 10, path="posthoc5", steps=15)
