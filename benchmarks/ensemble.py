@@ -21,7 +21,7 @@ device is the E with the highest median runs per hour (CPU time on a CPU, wall t
 GPU); it is written with every figure to ``--out`` (``results/benchmarks/ensemble.json``)
 and compared with :data:`circuitfade.train.ensemble.DEFAULT_MEMBERS`.
 
-    python benchmarks/ensemble.py [--steps 200] [--rounds 3] [--sizes 1,4,16,64] [--big-rounds 1]
+    python benchmarks/ensemble.py [--steps 100] [--rounds 3] [--sizes 1,4,16,64] [--big-rounds 1]
                                   [--device cpu] [--out results/benchmarks/ensemble.json]
 
 Where the rest goes: a training step's time is a fixed part (Python, operator dispatch,
@@ -31,6 +31,10 @@ the batch. Each round also measures the single trainer's CPU milliseconds per st
 An ensemble removes at most the fixed part (its members' arithmetic is the single runs'),
 so ``t(64) / (t(64) - fixed)`` is the ceiling of its ratio at batch 64; the ratio measured
 at each E is reported next to it.
+
+``--compare-full`` instead trains full default runs (3,600 steps, ``fade600->0``, seeds 0, 1, 2) once
+as single runs and once as one ensemble of three, and reports the difference of their final
+metrics next to the single runs' seed-to-seed spread (and whether their files are identical).
 
 ``--profile E`` instead prints a ``torch.profiler`` table of ten ensemble steps at E (and of
 E single steps, for comparison): where the time goes.
@@ -145,9 +149,54 @@ def profile(n: int, args: argparse.Namespace) -> None:
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
+def compare_full(args: argparse.Namespace) -> dict:
+    """Full default runs, single and as one ensemble: final metrics, their differences, the seed spread."""
+    import torch
+
+    from circuitfade.io import load_tensors, read_json
+    from circuitfade.train import RunConfig, TrainConfig, train
+    from circuitfade.train.ensemble import train_ensemble
+
+    torch.set_num_threads(1)
+    seeds = (0, 1, 2)
+    cfgs = [RunConfig(path="fade600->0", seed=s, train=TrainConfig(device=args.device)) for s in seeds]
+    with tempfile.TemporaryDirectory(prefix="bench_full_") as tmp:
+        tmp = Path(tmp)
+        c0 = time.process_time()
+        for c in cfgs:
+            train(c, tmp / f"single{c.seed}", progress=False)
+        c1 = time.process_time()
+        outs = train_ensemble(cfgs, [tmp / f"ens{c.seed}" for c in cfgs])
+        c2 = time.process_time()
+        if any(o.status.value != "done" for o in outs):
+            raise RuntimeError(f"ensemble members did not finish: {[o.error for o in outs]}")
+        single = [read_json(tmp / f"single{s}" / "done.json")["final"] for s in seeds]
+        ens = [read_json(tmp / f"ens{s}" / "done.json")["final"] for s in seeds]
+        same_files = all(
+            (tmp / f"single{s}" / "metrics.csv").read_bytes() == (tmp / f"ens{s}" / "metrics.csv").read_bytes()
+            and all(torch.equal(a, b) for a, b in zip(
+                load_tensors(tmp / f"single{s}" / "checkpoints" / "step_003600.safetensors").values(),
+                load_tensors(tmp / f"ens{s}" / "checkpoints" / "step_003600.safetensors").values()))
+            for s in seeds)
+    keys = [k for k in single[0] if k.startswith(("acc_", "loss_")) or k == "train_loss"]
+    print(f"3 default runs (3,600 steps, fade600->0, seeds {seeds}): single {c1 - c0:.0f} s, ensemble of 3 "
+          f"{c2 - c1:.0f} s (cpu)")
+    report = {}
+    for k in keys:
+        a, b = [r[k] for r in single], [r[k] for r in ens]
+        diff = max(abs(x - y) for x, y in zip(a, b))
+        spread = statistics.stdev(a)
+        report[k] = {"single": a, "ensemble": b, "max_abs_difference": diff, "seed_sd": spread,
+                     "seed_range": max(a) - min(a)}
+        print(f"  {k:12s} single {' '.join(f'{x:.4f}' for x in a)}  ensemble {' '.join(f'{x:.4f}' for x in b)}  "
+              f"max |diff| {diff:.2e}  seed sd {spread:.4f}  range {max(a) - min(a):.4f}")
+    print(f"  metrics.csv and final weights identical: {same_files}")
+    return {"final_metrics": report, "identical_files": same_files, "cpu_s_single": c1 - c0, "cpu_s_ensemble": c2 - c1}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=100, help="as a default run (default %(default)s)")
     ap.add_argument("--checkpoint-every", type=int, default=300, help="as a default run (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -157,6 +206,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ensemble.json"))
     ap.add_argument("--child", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--profile", type=int, metavar="E", help="print where an ensemble step's time goes at E")
+    ap.add_argument("--compare-full", action="store_true", help="3 full default runs, single vs one ensemble")
     args = ap.parse_args(argv)
     if min(args.steps, args.eval_every, args.checkpoint_every, args.rounds, args.big_rounds) < 1:
         raise SystemExit("--steps, --eval-every, --checkpoint-every, --rounds and --big-rounds must be >= 1")
@@ -167,6 +217,8 @@ def main(argv=None) -> dict:
     if args.profile:
         profile(args.profile, args)
         return {}
+    if args.compare_full:
+        return compare_full(args)
     sizes = sorted({int(s) for s in args.sizes.split(",")})
     if not sizes or sizes[0] < 1:
         raise SystemExit(f"--sizes: expected positive integers, got {args.sizes!r}")

@@ -292,3 +292,27 @@ def test_default_size_per_device():
     if not torch.cuda.is_available():
         assert default_ensemble_size("auto") == DEFAULT_MEMBERS["cpu"]
     assert math.isfinite(default_ensemble_size())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_device_that_is_not_here_fails_before_anything_is_written(tmp_path):
+    cfgs = [RunConfig.from_dict({**c.to_dict(), "train": {**c.to_dict()["train"], "device": "cuda"}})
+            for c in dir_configs()]
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        train_ensemble(cfgs, [tmp_path / f"r{i}" for i in range(3)])
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        default_ensemble_size("cuda")
+    assert not list(tmp_path.iterdir())
+
+
+def test_members_on_the_device_of_their_runs():
+    # the stack, its optimizer state and the batches live where the runs' models are ("cpu" here)
+    cfgs = [RunConfig.from_dict({**c.to_dict(), "train": {**c.to_dict()["train"], "device": "auto"}})
+            for c in members(2)]
+    ens = Ensemble([new_run(c) for c in cfgs])
+    want = new_run(cfgs[0]).model.W_E.device
+    assert all(p.device == want for p in ens.model.params.values())
+    assert all(t.device == want for t in ens.opt.exp_avg.values()) and ens.model.learned.device == want
+    with one_thread():
+        losses, norms = ens.train_step(cfgs[0].make_task())
+    assert all(math.isfinite(x) for x in losses + norms)
