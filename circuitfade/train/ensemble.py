@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from torch.func import functional_call
 from torch.optim.adamw import adamw as adamw_step
@@ -163,15 +163,16 @@ class StackedModel:
         self.cfg = self.template.cfg
         self.E = len(models)
         self.names = [n for n, _ in self.template.named_parameters()]
+        params = [dict(m.named_parameters()) for m in models]
+        buffers = [dict(m.named_buffers()) for m in models]
         with torch.no_grad():
             self.params: dict[str, Tensor] = {}
             for n in self.names:
-                members = [dict(m.named_parameters())[n] for m in models]
-                stacked = torch.stack([p.detach() for p in members]).clone()
-                self.params[n] = stacked.requires_grad_(any(p.requires_grad for p in members))
+                stacked = torch.stack([p[n].detach() for p in params]).clone()
+                self.params[n] = stacked.requires_grad_(any(p[n].requires_grad for p in params))
             self.buffers: dict[str, Tensor] = {
-                n: torch.stack([dict(m.named_buffers())[n].detach() for m in models]).clone()
-                for n, _ in self.template.named_buffers() if ".gate_" in n and n.endswith("_value")
+                n: torch.stack([b[n].detach() for b in buffers]).clone()
+                for n in buffers[0] if ".gate_" in n and n.endswith("_value")
             }
         priors = self.cfg.priors
         self.learned = torch.tensor([[bool(lm[p]) for p in priors] for lm in learned],
@@ -205,8 +206,9 @@ class StackedModel:
         params = {n: self.params[prefix + n] for n in names}
         return torch.func.vmap(lambda p, xe: functional_call(module, p, (xe,)))(params, x)
 
-    def gates(self, layer: int, zero: Tensor | None) -> dict[str, Tensor]:
-        """``{prior: [E, head]}`` effective gates of ``layer`` (``zero[e]``: member e's gates at 0)."""
+    def gates(self, layer: int, zero: Bool[Tensor, "E"] | None) -> dict[str, Float[Tensor, "E head"]]:
+        """Effective gates of ``layer``: ``g[e] = sigmoid(logit[e])`` for a member whose gate is learned,
+        its buffer (fixed / scheduled) otherwise, and 0 where ``zero[e]``."""
         out = {}
         for j, name in enumerate(self.cfg.priors):
             pre = f"blocks.{layer}.attn.gate_{name}"
@@ -218,7 +220,8 @@ class StackedModel:
         return out
 
     # -- forward ---------------------------------------------------------------------------------
-    def embed(self, x: Tensor) -> Tensor:
+    def embed(self, x: Int[Tensor, "E batch pos"] | Float[Tensor, "E batch pos d_in"]) -> Float[Tensor, "E batch pos d_model"]:
+        """Token embeddings ``W_E[e][x[e]]`` (real inputs: ``x[e] @ W_E[e]``)."""
         E = self.E
         if self.cfg.input_mode == "real":
             W = self.params["embed.W_E"]  # [E, d_in, d_model]
@@ -228,10 +231,13 @@ class StackedModel:
         offset = (torch.arange(E, device=x.device) * V).view(E, 1, 1)
         return W.reshape(E * V, W.shape[-1])[x + offset]  # [E, batch, pos, d_model]
 
-    def attention(self, layer: int, x: Tensor, token_embed: Tensor, causal: Tensor, rows: Tensor | None,
-                  zero: Tensor | None) -> Tensor:
-        """:meth:`SoftPriorAttention.forward_fused` with a member axis: ``x [E, batch, pos, d_model]``
-        -> ``[E, batch, pos_or_rows, d_model]``."""
+    def attention(self, layer: int, x: Float[Tensor, "E batch pos d_model"],
+                  token_embed: Float[Tensor, "E batch pos d_model"], causal: Float[Tensor, "pos pos"],
+                  rows: Int[Tensor, "rows"] | None, zero: Bool[Tensor, "E"] | None,
+                  ) -> Float[Tensor, "E batch pos_or_rows d_model"]:
+        """:meth:`SoftPriorAttention.forward_fused` with a member axis: per member and head,
+        ``softmax(Q K^T / sqrt(d_head) + sum_p g_p B^p + causal) V W_O + b_O``, the low-rank priors
+        as extra query-key columns, queries only at ``rows`` when given."""
         attn = self.template.blocks[layer].attn
         pre = f"blocks.{layer}.attn."
         P_ = self.params
@@ -320,7 +326,8 @@ class StackedModel:
             return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
         return torch.stack(outs)
 
-    def logits(self, x: Tensor, rows: Tensor | None, zero: Tensor | None = None) -> Tensor:
+    def logits(self, x: Int[Tensor, "E batch pos"] | Float[Tensor, "E batch pos d_in"], rows: Int[Tensor, "rows"] | None,
+               zero: Bool[Tensor, "E"] | None = None) -> Float[Tensor, "E batch rows_or_pos d_vocab_out"]:
         """Float logits ``[E, batch, rows_or_pos, d_vocab_out]`` of inputs ``x [E, batch, pos]``
         (``[E, batch, pos, d_vocab]`` for real inputs); ``rows``: the query positions computed
         in the last block (``None``: every position)."""
@@ -366,8 +373,8 @@ class StackedModel:
                 if n in self.buffers:
                     self.buffers[n][e].copy_(b)
 
-    def finite(self) -> Tensor:
-        """``[E]`` bool: whether every weight of member e is finite."""
+    def finite(self) -> Bool[Tensor, "E"]:
+        """Whether every weight of member e is finite."""
         ok = torch.ones(self.E, dtype=torch.bool, device=self.device)
         with torch.no_grad():
             for p in self.params.values():
@@ -513,7 +520,10 @@ def _check_inputs(model: SoftPriorTransformer, x: Tensor) -> None:
 
 
 class Ensemble:
-    """Live state of an ensemble: the member runs, the stack, the batched optimizer."""
+    """Live state of an ensemble: the member :class:`Run` s (all at one step, one :func:`ensemble_key`),
+    their :class:`StackedModel` and :class:`BatchedAdamW`. :meth:`train_step` advances every active
+    member by one step (with the caller's torch threads: :func:`fit_ensemble` uses one);
+    :meth:`sync` writes a member's state back into its ``Run``."""
 
     def __init__(self, runs: Sequence[Run]):
         self.runs = list(runs)
@@ -531,7 +541,6 @@ class Ensemble:
         self.opt = BatchedAdamW(self.model, [r.optimizer for r in self.runs], [r.model for r in self.runs])
         self.active = list(range(len(self.runs)))  # member index (into runs) of each stack slot
         self.tc = self.cfgs[0].train
-        self.task_loss: Callable[[Tensor, Batch], Tensor] | None = None
 
     @property
     def step_now(self) -> int:
