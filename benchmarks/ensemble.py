@@ -90,27 +90,46 @@ def child(mode: str, n: int, args: argparse.Namespace) -> dict:
     return {"mode": mode, "runs": n, "wall_s": wall, "cpu_s": cpu, "rss_mib": peak, "gpu_mib": gpu, "status": status}
 
 
-def step_costs() -> dict:
-    """CPU milliseconds per training step of the single trainer at batch 8, 64, 128; the fixed part,
-    the per-example part (least squares on the three) and the ensemble's ceiling at batch 64."""
-    import torch
-
-    from circuitfade.train import RunConfig, TrainConfig, fit, new_run
-
-    torch.set_num_threads(1)
-    ms = {}
-    for bs in (8, 64, 128):
-        run = new_run(RunConfig(path="fade600->0", train=TrainConfig(steps=10**6, eval_every=10**6, batch_size=bs)))
-        fit(run, until=3, progress=False)
-        c0 = time.process_time()
-        fit(run, until=run.step + 40, progress=False)
-        ms[bs] = (time.process_time() - c0) / 40 * 1e3
+def _fit_line(ms: dict) -> tuple[float, float]:
+    """Least squares ``ms[b] = fixed + b * per_example``."""
     xs = list(ms)
     xm, ym = statistics.mean(xs), statistics.mean(ms.values())
     per_example = sum((x - xm) * (ms[x] - ym) for x in xs) / sum((x - xm) ** 2 for x in xs)
-    fixed = ym - per_example * xm
-    return {"mode": "step_costs", "ms_per_step": ms, "fixed_ms": fixed, "per_example_ms": per_example,
-            "ceiling_at_64": ms[64] / max(ms[64] - fixed, 1e-9), "status": ["done"]}
+    return ym - per_example * xm, per_example
+
+
+def step_costs(members: int) -> dict:
+    """CPU milliseconds per training step and run at batch 8, 64, 128: the single trainer (40 steps
+    each) and an ensemble of ``members`` (8 steps each, divided by ``members``); each split into
+    a fixed part and a per-example part (least squares); the ceiling ``t(64) / (t(64) - fixed)``."""
+    import torch
+
+    from circuitfade.train import RunConfig, TrainConfig, fit, new_run
+    from circuitfade.train.ensemble import Ensemble
+
+    torch.set_num_threads(1)
+    single, ens = {}, {}
+    for bs in (8, 64, 128):
+        cfgs = [RunConfig(path="fade600->0", seed=s, train=TrainConfig(steps=10**6, eval_every=10**6, batch_size=bs))
+                for s in range(members)]
+        run = new_run(cfgs[0])
+        fit(run, until=3, progress=False)
+        c0 = time.process_time()
+        fit(run, until=run.step + 40, progress=False)
+        single[bs] = (time.process_time() - c0) / 40 * 1e3
+        e = Ensemble([new_run(c) for c in cfgs])
+        task = cfgs[0].make_task()
+        e.train_step(task)
+        c0 = time.process_time()
+        for _ in range(8):
+            e.train_step(task)
+        ens[bs] = (time.process_time() - c0) / 8 / members * 1e3
+    fixed, per_example = _fit_line(single)
+    e_fixed, e_per_example = _fit_line(ens)
+    return {"mode": "step_costs", "members": members, "ms_per_step": single, "fixed_ms": fixed,
+            "per_example_ms": per_example, "ceiling_at_64": single[64] / max(single[64] - fixed, 1e-9),
+            "ensemble_ms_per_run_step": ens, "ensemble_fixed_ms": e_fixed, "ensemble_per_example_ms": e_per_example,
+            "status": ["done"]}
 
 
 def measure(mode: str, n: int, args: argparse.Namespace) -> dict:
@@ -194,56 +213,13 @@ def compare_full(args: argparse.Namespace) -> dict:
     return {"final_metrics": report, "identical_files": same_files, "cpu_s_single": c1 - c0, "cpu_s_ensemble": c2 - c1}
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=100, help="as a default run (default %(default)s)")
-    ap.add_argument("--checkpoint-every", type=int, default=300, help="as a default run (default %(default)s)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--big-rounds", type=int, default=1, help="rounds for the largest E (default %(default)s)")
-    ap.add_argument("--sizes", default="1,4,16,64", help="ensemble sizes E (comma-separated)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ensemble.json"))
-    ap.add_argument("--child", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
-    ap.add_argument("--profile", type=int, metavar="E", help="print where an ensemble step's time goes at E")
-    ap.add_argument("--compare-full", action="store_true", help="3 full default runs, single vs one ensemble")
-    args = ap.parse_args(argv)
-    if min(args.steps, args.eval_every, args.checkpoint_every, args.rounds, args.big_rounds) < 1:
-        raise SystemExit("--steps, --eval-every, --checkpoint-every, --rounds and --big-rounds must be >= 1")
-    if args.child:
-        mode, n = args.child[0], int(args.child[1])
-        print(json.dumps(step_costs() if mode == "step_costs" else child(mode, n, args)))
-        return {}
-    if args.profile:
-        profile(args.profile, args)
-        return {}
-    if args.compare_full:
-        return compare_full(args)
-    sizes = sorted({int(s) for s in args.sizes.split(",")})
-    if not sizes or sizes[0] < 1:
-        raise SystemExit(f"--sizes: expected positive integers, got {args.sizes!r}")
-    big = sizes[-1] if len(sizes) > 1 else None
-    rows: list[dict] = []
-    t0 = time.time()
-    for r in range(max(args.rounds, args.big_rounds)):
-        plan = [("sequential", 1)] + [("ensemble", n) for n in sizes if n != big and r < args.rounds]
-        plan.append(("step_costs", 0))
-        if big is not None and r < args.big_rounds:
-            plan.append(("ensemble", big))
-        if r % 2:  # alternate the order round by round
-            plan = [plan[0]] + plan[:0:-1]
-        for mode, n in plan:
-            m = measure(mode, n, args)
-            m["round"] = r
-            rows.append(m)
-            if mode == "step_costs":
-                print(f"round {r}: single step at batch 8/64/128: "
-                      + "/".join(f"{v:.1f}" for v in m["ms_per_step"].values())
-                      + f" ms (cpu): fixed {m['fixed_ms']:.1f} ms + {m['per_example_ms']:.3f} ms per example; "
-                      f"ceiling at batch 64 {m['ceiling_at_64']:.2f}", flush=True)
-                continue
-            print(f"round {r}: {mode:10s} E={n:<4d} wall {m['wall_s']:7.1f} s  cpu {m['cpu_s']:7.1f} s  "
-                  f"peak RSS {m['rss_mib']:6.0f} MiB", flush=True)
+TOLERANCE = 0.05
+"""The default E is the smallest E whose median ratio is within this fraction of the best one
+(more members cost memory and make fewer, larger jobs for the same gain)."""
+
+
+def summarize(rows: list[dict], sizes: list[int], args: argparse.Namespace) -> dict:
+    """Medians over rounds, ratios, the step-cost split and the default E; printed and returned."""
     seq = {m["round"]: m for m in rows if m["mode"] == "sequential"}
     summary = {}
     for n in sizes:
@@ -263,16 +239,17 @@ def main(argv=None) -> dict:
     seq_rph_cpu = statistics.median(3600 / m["cpu_s"] for m in seq.values())
     seq_rss = statistics.median(m["rss_mib"] for m in seq.values())
     costs = [m for m in rows if m["mode"] == "step_costs"]
-    fixed = statistics.median(m["fixed_ms"] for m in costs)
-    per_example = statistics.median(m["per_example_ms"] for m in costs)
-    ceiling = statistics.median(m["ceiling_at_64"] for m in costs)
+    med = {k: statistics.median(m[k] for m in costs) for k in ("fixed_ms", "per_example_ms", "ceiling_at_64",
+                                                                "ensemble_fixed_ms", "ensemble_per_example_ms")
+           if costs and k in costs[0]}
     key = "ratio_wall" if args.device.startswith("cuda") else "ratio_cpu"
-    best = max(sizes, key=lambda n: summary[n][key])
+    top = max(summary[n][key] for n in sizes)
+    best = min(n for n in sizes if summary[n][key] >= (1 - TOLERANCE) * top)
     kind = args.device.split(":")[0]
     from circuitfade.train.ensemble import DEFAULT_MEMBERS
 
     print(f"\nbase model, fade600->0, {args.steps} steps (evaluation every {args.eval_every}, checkpoint every "
-          f"{args.checkpoint_every}), one thread, {args.device}; medians over rounds ({time.time() - t0:.0f} s in all)")
+          f"{args.checkpoint_every}), one thread, {args.device}; medians over rounds")
     print(f"  sequential     {seq_rph_wall:7.0f} runs/h (wall)  {seq_rph_cpu:7.0f} runs/h (cpu)  peak RSS "
           f"{seq_rss:5.0f} MiB")
     for n in sizes:
@@ -280,21 +257,86 @@ def main(argv=None) -> dict:
         print(f"  ensemble E={n:<3d} {s['runs_per_hour_wall']:7.0f} runs/h (wall)  {s['runs_per_hour_cpu']:7.0f} "
               f"runs/h (cpu)  peak RSS {s['rss_mib']:5.0f} MiB  ratio {s['ratio_wall']:.2f} (wall) "
               f"{s['ratio_cpu']:.2f} (cpu)  [{s['rounds']} round(s)]")
-    print(f"where the rest goes: a single step at batch 64 is {fixed:.1f} ms fixed + {64 * per_example:.1f} ms "
-          f"proportional to the batch (cpu); removing all of the fixed part gives at most {ceiling:.2f}x")
-    print(f"default E for {kind}: {best} (highest median {key.replace('_', ' ')}); "
-          f"DEFAULT_MEMBERS[{kind!r}] = {DEFAULT_MEMBERS.get(kind)}"
+    if med:
+        print(f"where the rest goes: a single step at batch 64 is {med['fixed_ms']:.1f} ms fixed + "
+              f"{64 * med['per_example_ms']:.1f} ms proportional to the batch (cpu); removing all of the fixed part "
+              f"gives at most {med['ceiling_at_64']:.2f}x")
+        if "ensemble_fixed_ms" in med:
+            print(f"  per run and step, the ensemble of {costs[0]['members']} has {med['ensemble_fixed_ms']:.1f} ms fixed + "
+                  f"{64 * med['ensemble_per_example_ms']:.1f} ms proportional to the batch")
+    print(f"default E for {kind}: {best} (the smallest E within {TOLERANCE:.0%} of the highest median "
+          f"{key.replace('_', ' ')}); DEFAULT_MEMBERS[{kind!r}] = {DEFAULT_MEMBERS.get(kind)}"
           + ("" if DEFAULT_MEMBERS.get(kind) == best else "  <- differs: update DEFAULT_MEMBERS"))
-    result = {
-        "command": "python benchmarks/ensemble.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    return {
         "device": args.device, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-        "loadavg_at_end": os.getloadavg(), "steps": args.steps, "eval_every": args.eval_every,
-        "checkpoint_every": args.checkpoint_every,
+        "steps": args.steps, "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every,
         "sequential": {"runs_per_hour_wall": seq_rph_wall, "runs_per_hour_cpu": seq_rph_cpu, "rss_mib": seq_rss},
-        "ensemble": {str(n): s for n, s in summary.items()},
-        "step_costs": {"fixed_ms": fixed, "per_example_ms": per_example, "ceiling_at_64": ceiling},
-        "default_members": {kind: best}, "measurements": rows,
+        "ensemble": {str(n): s for n, s in summary.items()}, "step_costs": med,
+        "default_members": {kind: best}, "tolerance": TOLERANCE, "measurements": rows,
     }
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=100, help="as a default run (default %(default)s)")
+    ap.add_argument("--checkpoint-every", type=int, default=300, help="as a default run (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--big-rounds", type=int, default=1, help="rounds for the largest E (default %(default)s)")
+    ap.add_argument("--sizes", default="1,4,16,64", help="ensemble sizes E (comma-separated)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ensemble.json"))
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--profile", type=int, metavar="E", help="print where an ensemble step's time goes at E")
+    ap.add_argument("--compare-full", action="store_true", help="3 full default runs, single vs one ensemble")
+    ap.add_argument("--summarize", metavar="JSON", help="print the summary of measurements saved by an earlier run")
+    args = ap.parse_args(argv)
+    if min(args.steps, args.eval_every, args.checkpoint_every, args.rounds, args.big_rounds) < 1:
+        raise SystemExit("--steps, --eval-every, --checkpoint-every, --rounds and --big-rounds must be >= 1")
+    if args.child:
+        mode, n = args.child[0], int(args.child[1])
+        print(json.dumps(step_costs(n) if mode == "step_costs" else child(mode, n, args)))
+        return {}
+    if args.profile:
+        profile(args.profile, args)
+        return {}
+    if args.compare_full:
+        return compare_full(args)
+    if args.summarize:
+        saved = json.loads(Path(args.summarize).read_text())
+        sizes = sorted(int(n) for n in saved["ensemble"])
+        return summarize(saved["measurements"], sizes, argparse.Namespace(**{**vars(args), **{
+            k: saved[k] for k in ("steps", "eval_every", "checkpoint_every", "device")}}))
+    sizes = sorted({int(s) for s in args.sizes.split(",")})
+    if not sizes or sizes[0] < 1:
+        raise SystemExit(f"--sizes: expected positive integers, got {args.sizes!r}")
+    big = sizes[-1] if len(sizes) > 1 else None
+    rows: list[dict] = []
+    t0 = time.time()
+    for r in range(max(args.rounds, args.big_rounds)):
+        plan = [("sequential", 1)] + [("ensemble", n) for n in sizes if n != big and r < args.rounds]
+        plan.append(("step_costs", max([n for n in sizes if n <= 16] or [sizes[0]])))
+        if big is not None and r < args.big_rounds:
+            plan.append(("ensemble", big))
+        if r % 2:  # alternate the order round by round
+            plan = [plan[0]] + plan[:0:-1]
+        for mode, n in plan:
+            m = measure(mode, n, args)
+            m["round"] = r
+            rows.append(m)
+            if mode == "step_costs":
+                print(f"round {r}: ms per step and run at batch 8/64/128 (cpu): single "
+                      + "/".join(f"{v:.1f}" for v in m["ms_per_step"].values())
+                      + f" = {m['fixed_ms']:.1f} fixed + {m['per_example_ms']:.3f} per example (ceiling at 64: "
+                      f"{m['ceiling_at_64']:.2f}); ensemble of {n} "
+                      + "/".join(f"{v:.1f}" for v in m["ensemble_ms_per_run_step"].values())
+                      + f" = {m['ensemble_fixed_ms']:.1f} + {m['ensemble_per_example_ms']:.3f}", flush=True)
+                continue
+            print(f"round {r}: {mode:10s} E={n:<4d} wall {m['wall_s']:7.1f} s  cpu {m['cpu_s']:7.1f} s  "
+                  f"peak RSS {m['rss_mib']:6.0f} MiB", flush=True)
+    result = summarize(rows, sizes, args)
+    result["command"] = "python benchmarks/ensemble.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["seconds"] = time.time() - t0
     from circuitfade.io import write_json
 
     out = Path(args.out)

@@ -246,8 +246,9 @@ class StackedModel:
         if rows is None:
             w = torch.stack([P_[pre + "W_Q"], P_[pre + "W_K"], P_[pre + "W_V"]], 1)  # [E, 3, head, d_model, d_head]
             b = torch.stack([P_[pre + "b_Q"], P_[pre + "b_K"], P_[pre + "b_V"]], 1)  # [E, 3, head, d_head]
-            qkv = torch.bmm(x.reshape(E, B * P, D), w.permute(0, 3, 1, 2, 4).reshape(E, D, 3 * H * Dh))
-            qkv = qkv + b.reshape(E, 1, -1)
+            # x @ w + b in one kernel (bias added to the finished product: the single model's mm then add)
+            qkv = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, B * P, D),
+                                w.permute(0, 3, 1, 2, 4).reshape(E, D, 3 * H * Dh))
             # unbind along the q/k/v axis (not a permute then unbind): the backward then stacks the three
             # gradients straight into qkv's layout (one copy, not a stack and a strided reshape)
             q, k, v = (t.transpose(2, 3) for t in qkv.view(E, B, P, 3, H, Dh).unbind(3))  # [E, batch, head, pos, d_head]
@@ -255,13 +256,12 @@ class StackedModel:
         else:
             w = torch.stack([P_[pre + "W_K"], P_[pre + "W_V"]], 1)
             b = torch.stack([P_[pre + "b_K"], P_[pre + "b_V"]], 1)
-            kv = torch.bmm(x.reshape(E, B * P, D), w.permute(0, 3, 1, 2, 4).reshape(E, D, 2 * H * Dh))
-            kv = kv + b.reshape(E, 1, -1)
+            kv = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, B * P, D),
+                               w.permute(0, 3, 1, 2, 4).reshape(E, D, 2 * H * Dh))
             k, v = (t.transpose(2, 3) for t in kv.view(E, B, P, 2, H, Dh).unbind(3))
             M = rows.numel()
             xq = x[:, :, rows].reshape(E, B * M, D)
-            q = torch.bmm(xq, P_[pre + "W_Q"].permute(0, 2, 1, 3).reshape(E, D, H * Dh))
-            q = q + P_[pre + "b_Q"].reshape(E, 1, -1)
+            q = torch.baddbmm(P_[pre + "b_Q"].reshape(E, 1, -1), xq, P_[pre + "W_Q"].permute(0, 2, 1, 3).reshape(E, D, H * Dh))
             q = q.view(E, B, M, H, Dh).transpose(2, 3)  # [E, batch, head, rows, d_head]
             causal = causal[rows]
         scale = attn.attn_scale
