@@ -6,8 +6,17 @@ and never recomputes them. Executors:
 
 * ``"local"`` (default) - a process pool, one worker per core, one torch thread
   per worker;
+* ``"ensemble"`` - runs of one model shape, task and step budget
+  (:func:`~circuitfade.train.ensemble.ensemble_key`) trained together as stacked
+  models of up to ``ensemble_size`` members
+  (:func:`~circuitfade.train.ensemble.train_ensemble`; each member computes what its
+  single run computes and writes the usual run directory), ensembles in the
+  process pool; runs that cannot be members (branches, rotary positions) and
+  finished runs go through the single trainer;
 * ``"ray"`` - Ray tasks (``pip install 'circuitfade[ray]'``), on a local
-  instance or the cluster at ``address``;
+  instance or the cluster at ``address`` (checked within seconds: an address
+  where nothing answers is a one-line ``ValueError``; a task whose worker dies on
+  every attempt is reported failed, :data:`LOST_WORKER`);
 * ``"serial"`` - in this process (debugging).
 
 A failed run is reported with its error and does not stop the others: an
@@ -16,7 +25,8 @@ status "failed" with the step), or a worker process that died (killed, out of
 memory: status "failed", :data:`LOST_WORKER`; the runs it shared a pool with are
 retried, each in its own process, and resume from their checkpoints).
 Re-running a sweep after a crash trains only what is missing (and resumes
-half-finished runs from their last checkpoint). Runs that branch from another
+half-finished runs from their last checkpoint); a finished run is reused whichever
+executor trained it (the run directory is the same). Runs that branch from another
 run of the same sweep (``config.parent``) wait for it: the sweep runs in waves.
 """
 
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import time
 import traceback
 from pathlib import Path
@@ -34,12 +45,16 @@ from tqdm import tqdm
 
 from circuitfade.io import content_hash
 from circuitfade.train.config import RunConfig
+from circuitfade.train.ensemble import default_ensemble_size, ensemble_key, ensemble_refusal
 from circuitfade.train.jobs import LOST_WORKER, run_jobs
 from circuitfade.train.loop import branch_config
 
-__all__ = ["run_key", "run_dir_for", "child_of", "execute", "execute_job", "run_sweep", "EXECUTORS"]
+__all__ = ["run_key", "run_dir_for", "child_of", "execute", "execute_job", "execute_ensemble", "run_sweep",
+           "plan_jobs", "check_ray_address", "EXECUTORS"]
 
-EXECUTORS = ("local", "ray", "serial")
+EXECUTORS = ("local", "ensemble", "ray", "serial")
+RAY_CONNECT_TIMEOUT_S = 5.0  # an --address where nothing answers fails after this long
+RAY_MAX_RETRIES = 1  # a Ray task whose worker dies is tried once more, then reported failed
 
 
 def _canonical(cfg: RunConfig) -> dict:
@@ -85,6 +100,45 @@ def execute(config: dict, run_dir: str) -> dict:
                 "seconds": time.time() - t0}
 
 
+def execute_ensemble(configs: Sequence[dict], run_dirs: Sequence[str]) -> list[dict]:
+    """Worker: train runs as one ensemble (:func:`~circuitfade.train.ensemble.train_ensemble`) and
+    report one row per member, as :func:`execute` does for one run; never raises. ``seconds``
+    is the ensemble's wall time (every member's, trained together); ``ensemble`` the number of
+    members."""
+    from circuitfade.train.ensemble import train_ensemble
+
+    t0 = time.time()
+    try:
+        outs = train_ensemble([RunConfig.from_dict(c) for c in configs], list(run_dirs), progress=False)
+    except Exception as e:  # noqa: BLE001 - reported, not swallowed
+        err = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+        return [{"status": "failed", "error": err, "seconds": time.time() - t0, "ensemble": len(configs)}
+                for _ in configs]
+    dt = time.time() - t0
+    return [{"status": o.status.value, "error": o.error, "seconds": dt, "ensemble": len(configs), **o.final}
+            for o in outs]
+
+
+def plan_jobs(items: Sequence[tuple[RunConfig, Path]], size: int) -> list[list[tuple[RunConfig, Path]]]:
+    """The ensemble executor's jobs: runs that share :func:`~circuitfade.train.ensemble.ensemble_key`
+    in groups of at most ``size`` (sweep order kept within a group); a run that cannot be a member,
+    or is already finished (``done.json``), is a job of its own (the single trainer)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"ensemble_size must be a positive integer, got {size!r}")
+    jobs: list[list[tuple[RunConfig, Path]]] = []
+    groups: dict[str, list[tuple[RunConfig, Path]]] = {}
+    for c, d in items:
+        if ensemble_refusal(c) is not None or (Path(d) / "done.json").is_file():
+            jobs.append([(c, d)])
+        else:
+            groups.setdefault(ensemble_key(c), []).append((c, d))
+    for members in groups.values():
+        n = math.ceil(len(members) / size)  # as many jobs as needed, members spread evenly over them
+        for k in range(n):
+            jobs.append(members[k::n])
+    return jobs
+
+
 def _waves(items: list[tuple[RunConfig, Path]]) -> list[list[tuple[RunConfig, Path]]]:
     dirs = {str(d.resolve()) for _, d in items}
     waves, placed = [], set()
@@ -110,15 +164,25 @@ def run_sweep(
     workers: int | None = None,
     address: str | None = None,
     progress: bool = True,
+    ensemble_size: int | None = None,
 ) -> pd.DataFrame:
     """Train every config into ``root``; return one row per run (status, error, final metrics).
 
-    Finished runs (``done.json`` present, same config) are not retrained. The local
-    executor *spawns* worker processes, so a script calling this must do so under
-    ``if __name__ == "__main__":`` (notebooks and the CLI need nothing).
+    Finished runs (``done.json`` present, same config) are not retrained, whichever executor
+    trained them. The local and ensemble executors *spawn* worker processes, so a script
+    calling this must do so under ``if __name__ == "__main__":`` (notebooks and the CLI need
+    nothing). ``ensemble_size``: most members per ensemble (executor ``"ensemble"``; default
+    :func:`~circuitfade.train.ensemble.default_ensemble_size` of the runs' device). With
+    ``executor="ray"`` and an ``address``, an address where nothing answers within
+    :data:`RAY_CONNECT_TIMEOUT_S` seconds raises ``ValueError`` (one line) before any work.
     """
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
+    if ensemble_size is not None and (isinstance(ensemble_size, bool) or not isinstance(ensemble_size, int)
+                                      or ensemble_size < 1):
+        raise ValueError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
+    if executor == "ray" and address:
+        check_ray_address(address)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     items, seen = [], set()
@@ -133,7 +197,11 @@ def run_sweep(
     submit = _make_submitter(executor, workers, address)
     try:
         for wave in _waves(items):
-            for d, res in submit([(c.to_dict(), str(d)) for c, d in wave]):
+            if executor == "ensemble":
+                stream = _ensemble_pool(wave, workers, ensemble_size)
+            else:
+                stream = submit([(c.to_dict(), str(d)) for c, d in wave])
+            for d, res in stream:
                 results[Path(d)] = res
                 bar.update(1)
                 failed = sum(r["status"] == "failed" for r in results.values())
@@ -155,7 +223,7 @@ def _make_submitter(executor: str, workers: int, address: str | None):
                 yield d, execute(cfg, d)
         return serial
 
-    if executor == "local":
+    if executor in ("local", "ensemble"):
         return lambda jobs: _local_pool(jobs, workers)
 
     try:
@@ -169,13 +237,19 @@ def _make_submitter(executor: str, workers: int, address: str | None):
                 ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
             else:
                 ray.init(num_cpus=workers, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
-        remote = ray.remote(num_cpus=1)(execute)
-        refs = {remote.remote(cfg, d): d for cfg, d in jobs}
+        # execute_job is looked up now (as the local pool does), so it can be replaced in tests
+        remote = ray.remote(num_cpus=1, max_retries=RAY_MAX_RETRIES)(execute_job)
+        refs = {remote.remote((cfg, d)): d for cfg, d in jobs}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for r in done:
-                yield refs[r], ray.get(r)
+                try:
+                    res = ray.get(r)
+                except ray.exceptions.RayError as e:  # the worker died on every attempt (killed, out of memory)
+                    res = {"status": "failed", "error": f"{LOST_WORKER} ({type(e).__name__}, "
+                                                        f"{RAY_MAX_RETRIES + 1} attempts)", "seconds": math.nan}
+                yield refs[r], res
 
     return ray_submit
 
@@ -186,6 +260,50 @@ def execute_job(job: tuple[dict, str]) -> dict:
 
 def _lost(job: tuple[dict, str]) -> dict:
     return {"status": "failed", "error": LOST_WORKER, "seconds": math.nan}
+
+
+def check_ray_address(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Raise ``ValueError`` (one line) unless something accepts a TCP connection at Ray ``address``
+    (``host:port`` or ``ray://host:port``) within ``timeout`` seconds; ``"auto"`` and ``"local"``
+    are left to Ray. (``ray.init`` itself retries an unreachable address for minutes.)"""
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--address {address!r}: expected host:port, ray://host:port, 'auto' or 'local'")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ValueError(f"--address {address!r}: no Ray cluster answers there within {timeout:g} s "
+                         f"({reason})") from None
+
+
+def execute_plan(job: list[tuple[dict, str]]) -> list[tuple[str, dict]]:
+    """Worker of the ensemble executor: one run (:func:`execute`) or an ensemble (:func:`execute_ensemble`)."""
+    if len(job) == 1:
+        cfg, d = job[0]
+        return [(d, {**execute(cfg, d), "ensemble": 1})]
+    rows = execute_ensemble([c for c, _ in job], [d for _, d in job])
+    return [(d, r) for (_, d), r in zip(job, rows)]
+
+
+def _lost_plan(job: list[tuple[dict, str]]) -> list[tuple[str, dict]]:
+    return [(d, {"status": "failed", "error": LOST_WORKER, "seconds": math.nan, "ensemble": len(job)})
+            for _, d in job]
+
+
+def _ensemble_pool(wave: list[tuple[RunConfig, Path]], workers: int, size: int | None):
+    """The ensemble executor on one wave: :func:`plan_jobs`, then the process pool (an ensemble whose
+    own worker dies is reported failed for every member, the other jobs finish)."""
+    if size is None:
+        size = default_ensemble_size(wave[0][0].train.device) if wave else 1
+    jobs = [[(c.to_dict(), str(d)) for c, d in job] for job in plan_jobs(wave, size)]
+    for _, rows in run_jobs(execute_plan, jobs, workers=workers, inline=False, on_lost=_lost_plan):
+        for d, res in rows:
+            yield Path(d), res
 
 
 def _local_pool(jobs, workers: int):

@@ -1,0 +1,885 @@
+"""Train E runs that share a model shape as one stacked model: an ensemble dimension in every weight.
+
+Runs of one model shape, task and step budget (the same :func:`ensemble_key`) are trained
+together: every parameter ``p`` of shape ``S`` becomes one tensor ``[E, *S]``, a training
+step is one batched forward and backward over ``[E, batch, pos]`` tokens, and one AdamW
+update over every member's slices. Each member keeps everything its single run has:
+
+* its seed and initial weights (each member is made by :func:`~circuitfade.train.state.new_run`,
+  then stacked), its data generator (its batches, in the same order, from
+  ``task.sample(batch_size, generator, **config.mix_at(step))``) and its prior-dropout generator;
+* its gate path (learned, fixed or scheduled gates, per member), data mix, lr, weight decay
+  and clipping norm;
+* its own AdamW state (torch's AdamW applied to the member's slices, so the maths is
+  torch's, per member, including its per-parameter step counts);
+* its evaluation rows on the one evaluation set (each member is evaluated by
+  :func:`~circuitfade.train.loop.fit` on its own model, copied from the stack);
+* its run directory, written by :mod:`~circuitfade.train.checkpoints` (weights, optimizer and
+  RNG state, ``metrics.csv``, ``done.json`` / ``failed.json``), so ``attach``, ``trace``,
+  resume, branch and sweep reuse see an ordinary run.
+
+Equivalence: on the CPU the batched step computes each member's loss, gradients and
+update bit for bit as its single run does (tested on the gate paths, priors on and off,
+prior dropout and the dual loss), because every batched kernel does per member what
+the single run's kernel does (``bmm`` against ``mm``, row-wise softmax, elementwise ops),
+and the few operations whose rounding depends on the batch (layer norm with its affine
+weights, the task loss, gradient norms, the AdamW kernel) are called per member. On a
+GPU the kernels may differ; the tolerance tests hold there too.
+
+A member whose loss or gradient norm becomes non-finite stops at that step (its weights
+not updated), is recorded failed (``failed.json``, as the single trainer writes) and is
+removed from the stack; the others go on. An interrupted ensemble resumes each member from
+its last complete checkpoint (members at different steps are trained in groups by step);
+a member resumed alone by :func:`~circuitfade.train.loop.train` continues as a single run.
+
+What cannot be a member (:func:`ensemble_refusal`): branches (``config.parent``; they
+start from another run's checkpoint), rotary positions and ``post_embedding_ln`` (the
+model has no fused path for them). They train as single runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from torch.func import functional_call
+from torch.optim.adamw import adamw as adamw_step
+from tqdm import tqdm
+
+from circuitfade.io import write_json
+from circuitfade.model import SoftPriorTransformer
+from circuitfade.model.devices import resolve_device
+from circuitfade.model.priors import BilinearContentBias, PriorInputs, RelativePositionBias
+from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
+from circuitfade.train.checkpoints import (
+    clean_scratch,
+    complete_checkpoints,
+    dir_state,
+    finish_run,
+    load_checkpoint,
+    raise_recorded_failure,
+    save_checkpoint,
+    write_metrics,
+)
+from circuitfade.train.config import RunConfig, TrainingDiverged, is_checkpoint_step
+from circuitfade.train.lock import RunLocked, run_lock
+from circuitfade.train.loop import fit
+from circuitfade.train.state import Run, new_run, one_thread
+
+__all__ = ["DEFAULT_MEMBERS", "default_ensemble_size", "ensemble_key", "ensemble_refusal", "StackedModel", "BatchedAdamW", "fit_ensemble", "train_ensemble",
+           "MemberStatus", "MemberOutcome", "Ensemble"]
+
+DEFAULT_MEMBERS = {"cpu": 16}
+"""Members per ensemble by device type, from ``benchmarks/ensemble.py`` (the E with the most runs per
+hour, one thread); devices not measured use the CPU figure."""
+
+# training settings every member of an ensemble shares (the others are the member's own)
+_SHARED_TRAIN = ("steps", "batch_size", "eval_every", "eval_size", "eval_conditions", "dual_loss", "device")
+# AdamW settings the batched update supports (anything else: the member is refused)
+_ADAMW_FIXED = {"amsgrad": False, "capturable": False, "differentiable": False, "decoupled_weight_decay": True}
+
+
+# ----------------------------------------------------------------------------------------------
+# who can train together
+# ----------------------------------------------------------------------------------------------
+def ensemble_refusal(cfg: RunConfig) -> str | None:
+    """Why ``cfg`` cannot be an ensemble member (one line), or ``None`` if it can."""
+    if cfg.parent:
+        return "a branch starts from its parent's checkpoint: trained as a single run"
+    mc = cfg.model_config()
+    if mc.positional_embedding_type == "rotary":
+        return "rotary positions have no fused path: trained as a single run"
+    if getattr(mc, "post_embedding_ln", False):
+        return "post_embedding_ln has no fused path: trained as a single run"
+    return None
+
+
+def default_ensemble_size(device: str = "cpu") -> int:
+    """:data:`DEFAULT_MEMBERS` for ``device`` (``"cpu"``, ``"cuda:1"``, ``"auto"``...; its type decides)."""
+    kind = resolve_device(device).type
+    return DEFAULT_MEMBERS.get(kind, DEFAULT_MEMBERS["cpu"])
+
+
+def ensemble_key(cfg: RunConfig) -> str:
+    """What the members of one ensemble share, as a JSON string: the model config without its
+    gate modes and initial gate (each member has its own), the task, and the training settings
+    :data:`_SHARED_TRAIN` (step budget, batch size, evaluation). Raises ``ValueError`` with
+    :func:`ensemble_refusal`'s reason for a config that cannot be a member."""
+    why = ensemble_refusal(cfg)
+    if why is not None:
+        raise ValueError(f"run {cfg.path!r} seed {cfg.seed} cannot join an ensemble: {why}")
+    model = {k: v for k, v in cfg.model_config().to_json_dict().items() if k not in ("gate_modes", "gate_init")}
+    tc = cfg.train
+    train = {k: getattr(tc, k) for k in _SHARED_TRAIN}
+    train["eval_conditions"] = list(train["eval_conditions"])
+    return json.dumps({"model": model, "task": cfg.task, "train": train}, sort_keys=True, default=str)
+
+
+# ----------------------------------------------------------------------------------------------
+# the stacked model
+# ----------------------------------------------------------------------------------------------
+class _Factors(nn.Module):
+    """``prior.factors(inputs)`` as a module's forward (so ``functional_call`` can swap its weights)."""
+
+    def __init__(self, prior: nn.Module):
+        super().__init__()
+        self.prior = prior
+
+    def forward(self, inputs: PriorInputs):
+        return self.prior.factors(inputs)
+
+
+def _member_inputs(inputs: PriorInputs, e: int) -> PriorInputs:
+    return PriorInputs(inputs.token_embed[e], inputs.resid[e],
+                       None if inputs.scores is None else inputs.scores[e], inputs.query_index)
+
+
+class StackedModel:
+    """E :class:`~circuitfade.model.SoftPriorTransformer` s of one shape as stacked tensors.
+
+    ``params[name]``: ``[E, *shape]`` leaf tensors (``name`` as in the single model's
+    ``named_parameters``); ``buffers[name]``: the gate-value buffers ``[E, head]``. The
+    forward is the single model's fused path (answer-position rows included) with a
+    leading member axis: :meth:`logits` maps tokens ``[E, batch, pos]`` to logits
+    ``[E, batch, len(rows), d_vocab_out]``. Each member's gates are its own: learned
+    (``sigmoid(logit)``), or its gate buffer (fixed / scheduled), or 0 where ``zero[e]``
+    (prior dropout, the dual loss's second pass).
+    """
+
+    def __init__(self, models: Sequence[SoftPriorTransformer], learned: Sequence[dict[str, bool]]):
+        if not models:
+            raise ValueError("StackedModel needs at least one model")
+        self.template = models[0]
+        self.cfg = self.template.cfg
+        self.E = len(models)
+        self.names = [n for n, _ in self.template.named_parameters()]
+        params = [dict(m.named_parameters()) for m in models]
+        buffers = [dict(m.named_buffers()) for m in models]
+        with torch.no_grad():
+            self.params: dict[str, Tensor] = {}
+            for n in self.names:
+                stacked = torch.stack([p[n].detach() for p in params]).clone()
+                self.params[n] = stacked.requires_grad_(any(p[n].requires_grad for p in params))
+            self.buffers: dict[str, Tensor] = {
+                n: torch.stack([b[n].detach() for b in buffers]).clone()
+                for n in buffers[0] if ".gate_" in n and n.endswith("_value")
+            }
+        priors = self.cfg.priors
+        self.learned = torch.tensor([[bool(lm[p]) for p in priors] for lm in learned],
+                                    dtype=torch.bool, device=self.device).reshape(self.E, len(priors))
+        self._views: dict[str, tuple[Tensor, ...]] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.template.W_E.device
+
+    # -- per-member helpers ------------------------------------------------------------------
+    def member_params(self, name: str) -> tuple[Tensor, ...]:
+        """The E members' slices of parameter ``name`` (differentiable views, made once per forward)."""
+        v = self._views.get(name)
+        if v is None:
+            v = self._views[name] = self.params[name].unbind(0)
+        return v
+
+    def _per_member(self, module: nn.Module, prefix: str, x: Tensor) -> Tensor:
+        """``module`` applied to each member's slice of ``x`` with that member's weights."""
+        names = [n for n, _ in module.named_parameters()]
+        if not names:
+            return module(x)  # no weights (LayerNormPre, Identity): the same function on every slice
+        xs = x.unbind(0)
+        if hasattr(module, "w") and hasattr(module, "b") and type(module).__name__ == "LayerNorm":
+            w, b = self.member_params(prefix + "w"), self.member_params(prefix + "b")
+            return torch.stack([F.layer_norm(xs[e], (xs[e].shape[-1],), w[e], b[e], module.eps)
+                                for e in range(self.E)])
+        # vmap, not a loop over members: each op then consumes the stacked input once, as the single
+        # model's op consumes its input, so autograd sums the input's gradients in the same order
+        params = {n: self.params[prefix + n] for n in names}
+        return torch.func.vmap(lambda p, xe: functional_call(module, p, (xe,)))(params, x)
+
+    def gates(self, layer: int, zero: Bool[Tensor, "E"] | None) -> dict[str, Float[Tensor, "E head"]]:
+        """Effective gates of ``layer``: ``g[e] = sigmoid(logit[e])`` for a member whose gate is learned,
+        its buffer (fixed / scheduled) otherwise, and 0 where ``zero[e]``."""
+        out = {}
+        for j, name in enumerate(self.cfg.priors):
+            pre = f"blocks.{layer}.attn.gate_{name}"
+            g = torch.where(self.learned[:, j, None], torch.sigmoid(self.params[pre + "_logit"]),
+                            self.buffers[pre + "_value"])
+            if zero is not None:
+                g = torch.where(zero[:, None], torch.zeros((), dtype=g.dtype, device=g.device), g)
+            out[name] = g
+        return out
+
+    # -- forward ---------------------------------------------------------------------------------
+    def embed(self, x: Int[Tensor, "E batch pos"] | Float[Tensor, "E batch pos d_in"]) -> Float[Tensor, "E batch pos d_model"]:
+        """Token embeddings ``W_E[e][x[e]]`` (real inputs: ``x[e] @ W_E[e]``)."""
+        E = self.E
+        if self.cfg.input_mode == "real":
+            W = self.params["embed.W_E"]  # [E, d_in, d_model]
+            return torch.bmm(x.reshape(E, -1, x.shape[-1]), W).view(*x.shape[:-1], W.shape[-1])
+        W = self.params["embed.W_E"]  # [E, d_vocab, d_model]
+        V = W.shape[1]
+        offset = (torch.arange(E, device=x.device) * V).view(E, 1, 1)
+        return W.reshape(E * V, W.shape[-1])[x + offset]  # [E, batch, pos, d_model]
+
+    def attention(self, layer: int, x: Float[Tensor, "E batch pos d_model"],
+                  token_embed: Float[Tensor, "E batch pos d_model"], causal: Float[Tensor, "pos pos"],
+                  rows: Int[Tensor, "rows"] | None, zero: Bool[Tensor, "E"] | None,
+                  ) -> Float[Tensor, "E batch pos_or_rows d_model"]:
+        """:meth:`SoftPriorAttention.forward_fused` with a member axis: per member and head,
+        ``softmax(Q K^T / sqrt(d_head) + sum_p g_p B^p + causal) V W_O + b_O``, the low-rank priors
+        as extra query-key columns, queries only at ``rows`` when given."""
+        attn = self.template.blocks[layer].attn
+        pre = f"blocks.{layer}.attn."
+        P_ = self.params
+        E, B, P, D = x.shape
+        H, Dh = self.cfg.n_heads, self.cfg.d_head
+        if rows is None:
+            w = torch.stack([P_[pre + "W_Q"], P_[pre + "W_K"], P_[pre + "W_V"]], 1)  # [E, 3, head, d_model, d_head]
+            b = torch.stack([P_[pre + "b_Q"], P_[pre + "b_K"], P_[pre + "b_V"]], 1)  # [E, 3, head, d_head]
+            # x @ w + b in one kernel (bias added to the finished product: the single model's mm then add)
+            qkv = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, B * P, D),
+                                w.permute(0, 3, 1, 2, 4).reshape(E, D, 3 * H * Dh))
+            # unbind along the q/k/v axis (not a permute then unbind): the backward then stacks the three
+            # gradients straight into qkv's layout (one copy, not a stack and a strided reshape)
+            q, k, v = (t.transpose(2, 3) for t in qkv.view(E, B, P, 3, H, Dh).unbind(3))  # [E, batch, head, pos, d_head]
+            M = P
+        else:
+            w = torch.stack([P_[pre + "W_K"], P_[pre + "W_V"]], 1)
+            b = torch.stack([P_[pre + "b_K"], P_[pre + "b_V"]], 1)
+            kv = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, B * P, D),
+                               w.permute(0, 3, 1, 2, 4).reshape(E, D, 2 * H * Dh))
+            k, v = (t.transpose(2, 3) for t in kv.view(E, B, P, 2, H, Dh).unbind(3))
+            M = rows.numel()
+            xq = x[:, :, rows].reshape(E, B * M, D)
+            q = torch.baddbmm(P_[pre + "b_Q"].reshape(E, 1, -1), xq, P_[pre + "W_Q"].permute(0, 2, 1, 3).reshape(E, D, H * Dh))
+            q = q.view(E, B, M, H, Dh).transpose(2, 3)  # [E, batch, head, rows, d_head]
+            causal = causal[rows]
+        scale = attn.attn_scale
+        needs = any(p.needs_scores for p in attn.priors.values())
+        scores = (q @ k.transpose(-1, -2)) / scale if needs else None
+        inputs = PriorInputs(token_embed, x, scores, query_index=rows)
+        qs, ks, bias = [q / scale], [k], None
+        gates = self.gates(layer, zero)
+        for name, prior in attn.priors.items():
+            g = gates[name].to(q.dtype).view(E, 1, H, 1, 1)
+            ppre = pre + f"priors.{name}."
+            if type(prior) is BilinearContentBias:
+                ab = self._content_factors(prior, ppre, token_embed, rows)
+            elif type(prior) is RelativePositionBias:
+                ab = None
+            else:
+                ab = self._member_prior(prior, ppre, inputs, factors=True)
+            if ab is not None:
+                qs.append(ab[0] * g)
+                ks.append(ab[1])
+                continue
+            if type(prior) is RelativePositionBias:
+                index = prior.rel_index[:P, :P]
+                if rows is not None:
+                    index = index[rows]
+                term = P_[ppre + "pos_bias"][:, :, index].unsqueeze(1)  # [E, 1, head, rows, key_pos]
+            else:
+                term = self._member_prior(prior, ppre, inputs, factors=False)
+                if rows is not None and term.shape[-2] != M:
+                    term = term[..., rows, :]
+            bias = g * term if bias is None else bias + g * term
+        mask = causal if bias is None else bias + causal
+        if len(qs) > 1:
+            q, k = torch.cat(qs, -1), torch.cat(ks, -1)
+        else:
+            q = qs[0]
+        pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
+        z = (pattern @ v).transpose(2, 3).reshape(E, B * M, H * Dh)
+        W_O = P_[pre + "W_O"].flatten(1, 2)  # [E, head*d_head, d_model]
+        out = torch.baddbmm(P_[pre + "b_O"].unsqueeze(1), z, W_O)
+        return out.view(E, B, M, D)
+
+    def _content_factors(self, prior: BilinearContentBias, ppre: str, e: Tensor, rows: Tensor | None):
+        eq = e if rows is None else e[:, :, rows]
+        cq = torch.einsum("ebpd,ehdr->ebhpr", eq, self.params[ppre + "W_cq"]) * prior.scale
+        ck = torch.einsum("ebpd,ehdr->ebhpr", e, self.params[ppre + "W_ck"])
+        return cq, ck
+
+    def _member_prior(self, prior: nn.Module, ppre: str, inputs: PriorInputs, *, factors: bool):
+        """A prior the stack has no batched form for (the registered priors other than ``pos`` and
+        ``content``), called once per member with that member's weights and inputs. (A loop, not
+        ``vmap``: a vmapped ``nn.Linear`` inside a prior rounds differently from the single model.)"""
+        names = [n for n, _ in prior.named_parameters()]
+        views = {n: self.member_params(ppre + n) for n in names}
+        module = _Factors(prior) if factors else prior
+        key = "prior." if factors else ""
+        outs = [functional_call(module, {key + n: v[e] for n, v in views.items()}, (_member_inputs(inputs, e),))
+                for e in range(self.E)]
+        if factors:
+            if outs[0] is None:
+                return None
+            return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+        return torch.stack(outs)
+
+    def logits(self, x: Int[Tensor, "E batch pos"] | Float[Tensor, "E batch pos d_in"], rows: Int[Tensor, "rows"] | None,
+               zero: Bool[Tensor, "E"] | None = None) -> Float[Tensor, "E batch rows_or_pos d_vocab_out"]:
+        """Float logits ``[E, batch, rows_or_pos, d_vocab_out]`` of inputs ``x [E, batch, pos]``
+        (``[E, batch, pos, d_vocab]`` for real inputs); ``rows``: the query positions computed
+        in the last block (``None``: every position)."""
+        self._views = {}
+        cfg = self.cfg
+        n = x.shape[2]
+        causal = torch.full((n, n), float("-inf"), device=x.device).triu(1)
+        embed = self.embed(x)
+        resid = embed
+        if cfg.positional_embedding_type in ("standard", "shortformer"):
+            resid = embed + self.params["pos_embed.W_pos"][:, None, :n]
+        last = cfg.n_layers - 1
+        for i, block in enumerate(self.template.blocks):
+            r = rows if i == last else None
+            h = self._per_member(block.ln1, f"blocks.{i}.ln1.", resid)
+            attn_out = self.attention(i, h, embed, causal, r, zero)
+            resid = (resid if r is None else resid[:, :, r]) + attn_out
+            if not cfg.attn_only:
+                resid = resid + self._per_member(block.mlp, f"blocks.{i}.mlp.",
+                                                 self._per_member(block.ln2, f"blocks.{i}.ln2.", resid))
+        if cfg.normalization_type is not None:
+            resid = self._per_member(self.template.ln_final, "ln_final.", resid)
+        E, B, M, D = resid.shape
+        W_U = self.params["unembed.W_U"]
+        out = torch.baddbmm(self.params["unembed.b_U"].unsqueeze(1), resid.reshape(E, B * M, D), W_U)
+        self._views = {}
+        return out.view(E, B, M, W_U.shape[-1])
+
+    # -- members ------------------------------------------------------------------------------------
+    def copy_to(self, e: int, model: SoftPriorTransformer) -> None:
+        """Write member ``e``'s weights and gate buffers into ``model`` (a single model of the same shape)."""
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(self.params[n][e])
+            for n, b in model.named_buffers():
+                if n in self.buffers:
+                    b.copy_(self.buffers[n][e])
+
+    def copy_buffers_from(self, e: int, model: SoftPriorTransformer) -> None:
+        """Take ``model``'s gate buffers as member ``e``'s (after the trainer set them for an evaluation)."""
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in self.buffers:
+                    self.buffers[n][e].copy_(b)
+
+    def finite(self) -> Bool[Tensor, "E"]:
+        """Whether every weight of member e is finite."""
+        ok = torch.ones(self.E, dtype=torch.bool, device=self.device)
+        with torch.no_grad():
+            for p in self.params.values():
+                ok &= torch.isfinite(p).reshape(self.E, -1).all(1)
+        return ok
+
+    def keep(self, idx: Sequence[int]) -> None:
+        """Keep only members ``idx`` (in that order)."""
+        sel = torch.as_tensor(list(idx), dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            for n, p in self.params.items():
+                self.params[n] = p.detach().index_select(0, sel).clone().requires_grad_(p.requires_grad)
+            for n, b in self.buffers.items():
+                self.buffers[n] = b.index_select(0, sel).clone()
+        self.learned = self.learned.index_select(0, sel)
+        self.E = len(idx)
+
+
+# ----------------------------------------------------------------------------------------------
+# AdamW per member
+# ----------------------------------------------------------------------------------------------
+class BatchedAdamW:
+    """Torch's AdamW, applied to each member's slices with that member's settings.
+
+    State per parameter ``[E, *shape]`` (``exp_avg``, ``exp_avg_sq``) and per-parameter step
+    counts ``[E]``, exactly the state each member's ``torch.optim.AdamW`` would hold (a
+    parameter without a gradient at a step, e.g. a learned gate under prior dropout, is
+    skipped and its count not advanced, as torch does). :meth:`step` calls
+    ``torch.optim.adamw.adamw`` (the functional form of ``torch.optim.AdamW.step``) once per
+    group of members with equal settings, on the members' slices, so each member's update
+    is torch's own kernel on its own tensors.
+    """
+
+    def __init__(self, stacked: StackedModel, optimizers: Sequence[torch.optim.Optimizer],
+                 models: Sequence[SoftPriorTransformer]):
+        self.stacked = stacked
+        self.settings: list[dict] = []
+        for opt in optimizers:
+            if len(opt.param_groups) != 1:
+                raise ValueError("BatchedAdamW: each member's optimizer must have one parameter group")
+            g = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+            for k, want in _ADAMW_FIXED.items():
+                if g.get(k, want) != want:
+                    raise ValueError(f"BatchedAdamW supports AdamW with {k}={want}, got {g.get(k)!r}")
+            self.settings.append(g)
+        names = stacked.names
+        P = stacked.params
+        with torch.no_grad():
+            self.exp_avg = {n: torch.zeros_like(P[n]) for n in names if P[n].requires_grad}
+            self.exp_avg_sq = {n: torch.zeros_like(P[n]) for n in names if P[n].requires_grad}
+            self.steps = {n: torch.zeros(stacked.E, dtype=torch.float32, device=P[n].device)
+                          for n in names if P[n].requires_grad}
+            for e, (opt, model) in enumerate(zip(optimizers, models)):
+                for n, p in model.named_parameters():
+                    st = opt.state.get(p)
+                    if not st:
+                        continue
+                    if n not in self.steps:
+                        raise ValueError(f"BatchedAdamW: optimizer state for {n}, which no member trains")
+                    self.exp_avg[n][e].copy_(st["exp_avg"])
+                    self.exp_avg_sq[n][e].copy_(st["exp_avg_sq"])
+                    self.steps[n][e] = float(st["step"])
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Per-member views of the stacked state (made once; remade after :meth:`keep`)."""
+        P = self.stacked.params
+        self._p = {n: P[n].detach().unbind(0) for n in self.steps}
+        self._m = {n: t.unbind(0) for n, t in self.exp_avg.items()}
+        self._v = {n: t.unbind(0) for n, t in self.exp_avg_sq.items()}
+        self._s = {n: t.unbind(0) for n, t in self.steps.items()}
+        groups: dict[str, list[int]] = {}
+        for e, g in enumerate(self.settings):
+            groups.setdefault(json.dumps(g, sort_keys=True, default=str), []).append(e)
+        self._groups = list(groups.values())
+
+    @torch.no_grad()
+    def step(self, grads: dict[str, tuple[Tensor, ...]], has_grad: dict[str, list[bool]], update: Sequence[bool]) -> None:
+        """One AdamW step for every member ``e`` with ``update[e]``, on the parameters it has a
+        gradient for (``has_grad[name][e]``); ``grads[name][e]``: member e's gradient."""
+        for members in self._groups:
+            ps, gs, ms, vs, ss = [], [], [], [], []
+            for n in self.steps:
+                if n not in grads:
+                    continue
+                for e in members:
+                    if update[e] and has_grad[n][e]:
+                        ps.append(self._p[n][e])
+                        gs.append(grads[n][e])
+                        ms.append(self._m[n][e])
+                        vs.append(self._v[n][e])
+                        ss.append(self._s[n][e])
+            if not ps:
+                continue
+            g = self.settings[members[0]]
+            adamw_step(ps, gs, ms, vs, [], ss, foreach=g.get("foreach"), fused=g.get("fused"),
+                                    amsgrad=False, beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"],
+                                    weight_decay=g["weight_decay"], eps=g["eps"], maximize=g.get("maximize", False))
+
+    def copy_to(self, e: int, opt: torch.optim.Optimizer, model: SoftPriorTransformer) -> None:
+        """Load member ``e``'s state into ``opt`` (``model``'s ``torch.optim.AdamW``), as torch would hold it."""
+        state = {}
+        for idx, (n, _) in enumerate(model.named_parameters()):
+            if n in self.steps and float(self.steps[n][e]) > 0:
+                state[idx] = {"step": self.steps[n][e].detach().clone(), "exp_avg": self.exp_avg[n][e].clone(),
+                              "exp_avg_sq": self.exp_avg_sq[n][e].clone()}
+        opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})
+
+    def keep(self, idx: Sequence[int]) -> None:
+        """Keep only members ``idx`` (after :meth:`StackedModel.keep`)."""
+        sel = torch.as_tensor(list(idx), dtype=torch.long)
+        for d in (self.exp_avg, self.exp_avg_sq, self.steps):
+            for n, t in d.items():
+                d[n] = t.index_select(0, sel.to(t.device)).clone()
+        self.settings = [self.settings[i] for i in idx]
+        self._refresh()
+
+
+# ----------------------------------------------------------------------------------------------
+# the loop
+# ----------------------------------------------------------------------------------------------
+def _answer_rows(batches: Sequence[Batch], n: int, last_needs_scores: bool) -> Tensor | None:
+    """The query rows the last block computes: every position any member scores (sorted), or
+    ``None`` where that would not help (as the single model's answer-position path decides)."""
+    mask = torch.stack([b.answer_mask.any(0) for b in batches]).any(0)
+    rows = mask.nonzero().flatten()
+    if rows.numel() >= n or last_needs_scores:
+        return None
+    return rows
+
+
+def _check_inputs(model: SoftPriorTransformer, x: Tensor) -> None:
+    """The single model's input checks, once for the stacked inputs ``[E, batch, pos(, d_vocab)]``."""
+    cfg = model.cfg
+    if x.shape[2] > cfg.n_ctx:
+        raise ValueError(f"sequence length {x.shape[2]} exceeds the context n_ctx={cfg.n_ctx}")
+    if cfg.input_mode == "real":
+        if not x.is_floating_point() or x.shape[-1] != cfg.d_vocab:
+            raise ValueError(f"input_mode='real' takes float inputs [batch, pos, {cfg.d_vocab}]; got "
+                             f"{tuple(x.shape[1:])} {x.dtype}")
+    elif x.numel() and (int(x.min()) < 0 or int(x.max()) >= cfg.d_vocab):
+        raise ValueError(f"token ids must be in [0, {cfg.d_vocab}); got min {int(x.min())}, max {int(x.max())}")
+
+
+class Ensemble:
+    """Live state of an ensemble: the member :class:`Run` s (all at one step, one :func:`ensemble_key`),
+    their :class:`StackedModel` and :class:`BatchedAdamW`. :meth:`train_step` advances every active
+    member by one step (with the caller's torch threads: :func:`fit_ensemble` uses one);
+    :meth:`sync` writes a member's state back into its ``Run``."""
+
+    def __init__(self, runs: Sequence[Run]):
+        self.runs = list(runs)
+        self.cfgs = [r.config for r in self.runs]
+        keys = {ensemble_key(c) for c in self.cfgs}
+        if len(keys) != 1:
+            raise ValueError("fit_ensemble: the runs differ in model shape, task or shared training settings "
+                             "(see ensemble_key)")
+        steps = {r.step for r in self.runs}
+        if len(steps) != 1:
+            raise ValueError(f"fit_ensemble: the runs are at different steps {sorted(steps)}; group them by step")
+        self.paths = [c.gate_path() for c in self.cfgs]
+        learned = [{p: r.model.cfg.gate_mode(p) == "learned" for p in r.model.cfg.priors} for r in self.runs]
+        self.model = StackedModel([r.model for r in self.runs], learned)
+        self.opt = BatchedAdamW(self.model, [r.optimizer for r in self.runs], [r.model for r in self.runs])
+        self.active = list(range(len(self.runs)))  # member index (into runs) of each stack slot
+        self.tc = self.cfgs[0].train
+
+    @property
+    def step_now(self) -> int:
+        return self.runs[self.active[0]].step
+
+    def set_gates(self, step: int) -> None:
+        """Gate buffers of fixed / scheduled members at their path's value at ``step`` (the trainer's rule)."""
+        vals, has = [], []
+        for slot, i in enumerate(self.active):
+            path = self.paths[i]
+            has.append(path.mode != "learned")
+            vals.append(float(path.value_at(step)) if path.mode != "learned" else 0.0)
+        if not any(has):
+            return
+        dev = self.model.device
+        v = torch.tensor(vals, dtype=torch.float32).to(device=dev)
+        m = torch.tensor(has, dtype=torch.bool, device=dev)
+        for name, buf in self.model.buffers.items():
+            buf.copy_(torch.where(m[:, None], v.to(buf.dtype)[:, None], buf))
+
+    def sync(self, slot: int, optimizer: bool = True) -> Run:
+        """Member ``slot``'s Run, brought up to date with the stack (weights, gate buffers, optimizer)."""
+        run = self.runs[self.active[slot]]
+        self.model.copy_to(slot, run.model)
+        if optimizer:
+            self.opt.copy_to(slot, run.optimizer, run.model)
+        return run
+
+    def drop(self, slots: Sequence[int]) -> None:
+        keep = [s for s in range(len(self.active)) if s not in set(slots)]
+        self.model.keep(keep)
+        self.opt.keep(keep)
+        self.active = [self.active[s] for s in keep]
+
+    def train_step(self, task: Task) -> tuple[list[float], list[float]]:
+        """One step of every active member: sample, forward, loss, backward, clip, AdamW.
+        Returns each slot's loss and gradient norm (before clipping); a member whose loss or
+        norm is not finite is not updated."""
+        model, tc = self.model, self.tc
+        step = self.step_now
+        self.set_gates(step)
+        batches, drops = [], []
+        for i in self.active:
+            run, cfg = self.runs[i], self.cfgs[i]
+            batches.append(task.sample(tc.batch_size, run.data_gen, **cfg.mix_at(step)))
+            p = cfg.train.prior_dropout
+            drops.append(p > 0 and torch.rand((), generator=run.dropout_gen).item() < p)
+        dev = model.device
+        if dev.type != "cpu":
+            batches = [b.to(dev) for b in batches]
+        x = torch.stack([b.model_input for b in batches])
+        _check_inputs(model.template, x)
+        n = x.shape[2]
+        rows = _answer_rows(batches, n, any(p.needs_scores for p in model.template.blocks[-1].attn.priors.values()))
+        drop = torch.tensor(drops, dtype=torch.bool, device=dev)
+        losses = self._losses(x, rows, batches, task, drop if any(drops) else None)
+        if tc.dual_loss:
+            zero = torch.ones(len(batches), dtype=torch.bool, device=dev)
+            losses = [a + b for a, b in zip(losses, self._losses(x, rows, batches, task, zero))]
+        for p in model.params.values():
+            p.grad = None
+        torch.stack(losses).sum().backward()
+        # which parameters each member has a gradient for (the single run's p.grad is not None)
+        has_grad: dict[str, list[bool]] = {}
+        for name, p in model.params.items():
+            if p.grad is None:
+                continue
+            if ".attn.gate_" in name and name.endswith("_logit"):
+                j = model.cfg.priors.index(name.rsplit(".gate_", 1)[1][: -len("_logit")])
+                learned = model.learned[:, j].tolist()
+                # a learned gate is in the graph unless this step's gates were all overridden (prior dropout)
+                has_grad[name] = [learned[s] and not drops[s] for s in range(model.E)]
+            else:
+                has_grad[name] = [True] * model.E
+        grads = {n: model.params[n].grad.unbind(0) for n in has_grad}
+        norms = self._clip(grads, has_grad)
+        lvs = [float(v) for v in torch.stack([l.detach() for l in losses]).tolist()]
+        nvs = [float(v) for v in norms.tolist()]
+        update = [math.isfinite(a) and math.isfinite(b) for a, b in zip(lvs, nvs)]
+        self.opt.step(grads, has_grad, update)
+        for slot, i in enumerate(self.active):
+            if update[slot]:
+                self.runs[i].step += 1
+        return lvs, nvs
+
+    def _losses(self, x: Tensor, rows: Tensor | None, batches: Sequence[Batch], task: Task,
+                zero: Tensor | None) -> list[Tensor]:
+        """Each member's task loss on its batch, from logits laid out as the single model returns them."""
+        logits = self.model.logits(x, rows, zero)
+        out = []
+        n = x.shape[2]
+        for s, b in enumerate(batches):
+            lg = logits[s]
+            if rows is not None:  # only those positions were computed; NaN elsewhere (as the single model)
+                full = lg.new_full((lg.shape[0], n, lg.shape[-1]), float("nan"))
+                lg = full.index_copy(1, rows, lg)
+            out.append(task.loss(lg, b))
+        return out
+
+    def _clip(self, grads: dict[str, tuple[Tensor, ...]], has_grad: dict[str, list[bool]]) -> Tensor:
+        """Clip each member's gradients to its ``grad_clip`` (:func:`~circuitfade.train.optim.clip_grad_norm`'s
+        maths per member); returns ``[E]`` total norms before clipping."""
+        E = self.model.E
+        lists = [[grads[n][s] for n in grads if has_grad[n][s]] for s in range(E)]
+        flat = [g for lst in lists for g in lst]
+        norms = torch._foreach_norm(flat, 2.0) if flat else []
+        totals, k = [], 0
+        for lst in lists:
+            if lst:
+                totals.append(torch.linalg.vector_norm(torch.stack(norms[k:k + len(lst)]), 2.0))
+            else:
+                totals.append(torch.tensor(0.0, device=self.model.device))
+            k += len(lst)
+        total = torch.stack(totals)
+        max_norm = torch.tensor([self.cfgs[i].train.grad_clip for i in self.active], dtype=total.dtype,
+                                device=total.device)
+        coef = torch.clamp((total + 1e-6).reciprocal() * max_norm, max=1.0)
+        with torch.no_grad():
+            for n, p in self.model.params.items():
+                if n in grads:
+                    p.grad.mul_(coef.view(E, *([1] * (p.dim() - 1))).to(p.grad.dtype))
+        return total
+
+
+def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Sequence[Path | str | None] | None = None,
+                 task: Task | None = None, eval_batch: Batch | None = None, progress: bool = False,
+                 logger: Callable[[int, int, dict], None] | None = None) -> list[TrainingDiverged | None]:
+    """:func:`~circuitfade.train.loop.fit` for E runs at one step, trained as one stacked model.
+
+    Advances every run from their common ``run.step`` to ``until`` (default: the runs'
+    ``train.steps``), adding each member's evaluation rows every ``eval_every`` steps and
+    at ``until``, and (with ``run_dirs``) writing each member's ``metrics.csv`` and its
+    checkpoints at its checkpoint steps. The runs are updated in place and end as ordinary
+    single runs (weights, optimizer state, generators, step, metrics), so :func:`fit` can
+    continue any of them alone. ``logger(member, step, row)`` receives every evaluation row.
+
+    Returns one entry per run: ``None``, or the :class:`TrainingDiverged` that stopped it
+    (raised by the single trainer at the same step, with the same message: the member's
+    weights are those before the failing update, and the others went on).
+    """
+    runs = list(runs)
+    if not runs:
+        return []
+    run_dirs = [None] * len(runs) if run_dirs is None else [None if d is None else Path(d) for d in run_dirs]
+    if len(run_dirs) != len(runs):
+        raise ValueError(f"fit_ensemble: {len(runs)} runs but {len(run_dirs)} run_dirs")
+    tc = runs[0].config.train
+    until = tc.steps if until is None else until
+    step0 = runs[0].step
+    if isinstance(until, bool) or not isinstance(until, int) or not step0 <= until <= tc.steps:
+        raise ValueError(f"fit_ensemble(until={until!r}): expected an integer step in [{step0} (the runs' step), "
+                         f"{tc.steps} (config.train.steps)]")
+    ens = Ensemble(runs)
+    task = task if task is not None else runs[0].config.make_task()
+    eval_batch = eval_batch if eval_batch is not None else eval_set(task, n=tc.eval_size, seed=EVAL_SEED)
+    errors: list[TrainingDiverged | None] = [None] * len(runs)
+    starts = [int((r.config.parent or {}).get("step", 0)) for r in runs]
+
+    def record(slot: int, loss_value: float) -> None:
+        i = ens.active[slot]
+        run = ens.sync(slot, optimizer=False)
+        fit(run, until=run.step, task=task, eval_batch=eval_batch, progress=False)  # appends the evaluation row
+        ens.model.copy_buffers_from(slot, run.model)  # fit set the gates for this step, as the single loop does
+        run.metrics[-1]["train_loss"] = loss_value
+        if run_dirs[i] is not None:
+            write_metrics(run_dirs[i], run.metrics)
+        if logger is not None:
+            logger(i, run.step, dict(run.metrics[-1]))
+
+    def checkpoint(slots: Sequence[int]) -> list[int]:
+        """Checkpoint the members due at this step; returns the slots whose weights are not finite."""
+        due = [s for s in slots if run_dirs[ens.active[s]] is not None
+               and is_checkpoint_step(ens.runs[ens.active[s]].config.train, ens.runs[ens.active[s]].step,
+                                      starts[ens.active[s]])]
+        if not due:
+            return []
+        finite = ens.model.finite().tolist()
+        bad = []
+        for s in due:
+            i = ens.active[s]
+            if not finite[s]:
+                errors[i] = TrainingDiverged(ens.runs[i].step, "non-finite weights after the update "
+                                                               "(checkpoint not written)")
+                bad.append(s)
+                continue
+            save_checkpoint(ens.sync(s), run_dirs[i])
+        return bad
+
+    with one_thread():
+        for s, run in enumerate(runs):
+            if not run.metrics or run.metrics[-1]["step"] < run.step:
+                if run.step % tc.eval_every == 0 or run.step == until:
+                    record(s, float("nan"))
+        bad = checkpoint(range(len(runs)))
+        if bad:
+            ens.drop(bad)
+        bar = tqdm(total=until, initial=step0, disable=not progress, desc=f"ensemble of {len(runs)}", leave=False)
+        try:
+            while ens.active and ens.step_now < until:
+                lvs, nvs = ens.train_step(task)
+                failed = []
+                for s, (lv, nv) in enumerate(zip(lvs, nvs)):
+                    if not (math.isfinite(lv) and math.isfinite(nv)):
+                        i = ens.active[s]
+                        errors[i] = TrainingDiverged(ens.runs[i].step, f"non-finite loss {lv} / gradient norm {nv} "
+                                                                       "(weights not updated)")
+                        failed.append(s)
+                for s in failed:
+                    ens.sync(s)
+                ok = [s for s in range(len(ens.active)) if s not in failed]
+                step = ens.step_now if ok else None
+                bar.update(1)
+                if step is not None and (step % tc.eval_every == 0 or step == until):
+                    for s in ok:
+                        record(s, lvs[s])
+                bad = checkpoint(ok) if step is not None else []
+                if failed or bad:
+                    ens.drop(failed + bad)
+        finally:
+            bar.close()
+        for s in range(len(ens.active)):
+            ens.sync(s)
+    return errors
+
+
+# ----------------------------------------------------------------------------------------------
+# run directories
+# ----------------------------------------------------------------------------------------------
+class MemberStatus(str, Enum):
+    """How a member of :func:`train_ensemble` ended."""
+
+    DONE = "done"  # trained to the end here
+    CACHED = "cached"  # already finished before (done.json): nothing written
+    FAILED = "failed"  # diverged (failed.json), recorded failed before, locked, or unreadable
+
+
+@dataclass(frozen=True)
+class MemberOutcome:
+    """One member's result: ``status``, the run (``None`` when it could not be loaded), the error line."""
+
+    status: MemberStatus
+    run: Run | None
+    error: str | None = None
+
+    @property
+    def final(self) -> dict:
+        """The last evaluation row (``{}`` for a failed member)."""
+        if self.status is MemberStatus.FAILED or self.run is None or not self.run.metrics:
+            return {}
+        return dict(self.run.metrics[-1])
+
+
+def _failed(e: BaseException) -> MemberOutcome:
+    return MemberOutcome(MemberStatus.FAILED, None, f"{type(e).__name__}: {e}")
+
+
+def _recorded_failure(run_dir: Path) -> MemberOutcome:
+    try:
+        raise_recorded_failure(run_dir)
+    except TrainingDiverged as e:
+        return _failed(e)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def train_ensemble(configs: Sequence[RunConfig], run_dirs: Sequence[str | Path], *, progress: bool = False,
+                   logger: Callable[[int, int, dict], None] | None = None) -> list[MemberOutcome]:
+    """Train ``configs[i]`` into ``run_dirs[i]`` for every i, as one ensemble (resuming, or
+    returning finished runs, as :func:`~circuitfade.train.loop.train` does for each).
+
+    The configs must share :func:`ensemble_key`. Per member, the run directory rules are the
+    single trainer's: a finished run is returned without writing anything; otherwise the
+    directory is locked for the whole ensemble, temp files of killed writers are removed,
+    ``config.json`` is written for a new run and a started one resumes from its last complete
+    checkpoint. Members at different steps train in groups by step. A member that diverges
+    gets ``failed.json`` and status ``FAILED``; one recorded failed before, locked by another
+    process, or whose checkpoint cannot be read is ``FAILED`` with that error, and the
+    others go on. Never raises for one member's problem; raises ``ValueError`` when the
+    configs cannot form an ensemble.
+    """
+    configs, run_dirs = list(configs), [Path(d) for d in run_dirs]
+    if len(configs) != len(run_dirs):
+        raise ValueError(f"train_ensemble: {len(configs)} configs but {len(run_dirs)} run_dirs")
+    if len({str(d.resolve()) for d in run_dirs}) != len(run_dirs):
+        raise ValueError("train_ensemble: two members share a run directory")
+    if not configs:
+        return []
+    if len({ensemble_key(c) for c in configs}) != 1:
+        raise ValueError("train_ensemble: the configs differ in model shape, task or shared training settings")
+    resolve_device(configs[0].train.device)
+    outcomes: list[MemberOutcome | None] = [None] * len(configs)
+    with one_thread(), contextlib.ExitStack() as locks:
+        task = configs[0].make_task()
+        ev = eval_set(task, n=configs[0].train.eval_size, seed=EVAL_SEED)
+        todo: list[tuple[int, Run]] = []
+        for i, (cfg, d) in enumerate(zip(configs, run_dirs)):
+            try:
+                state = dir_state(cfg, d)
+                if state == "done":
+                    done = complete_checkpoints(d)
+                    if done:
+                        run = load_checkpoint(new_run(cfg), d, done[-1])
+                        if run.step == cfg.train.steps:
+                            outcomes[i] = MemberOutcome(MemberStatus.CACHED, run)
+                            continue
+                if state == "failed":
+                    outcomes[i] = _recorded_failure(d)
+                    continue
+                d.mkdir(parents=True, exist_ok=True)
+                locks.enter_context(run_lock(d))
+                clean_scratch(d)
+                state = dir_state(cfg, d)
+                if state == "failed":
+                    outcomes[i] = _recorded_failure(d)
+                    continue
+                if state == "new":
+                    write_json(d / "config.json", cfg.to_dict())
+                run = new_run(cfg)
+                done = complete_checkpoints(d)
+                if done:
+                    load_checkpoint(run, d, done[-1])
+                    if state == "done" and run.step == cfg.train.steps:
+                        outcomes[i] = MemberOutcome(MemberStatus.CACHED, run)
+                        continue
+                todo.append((i, run))
+            except (ValueError, OSError, RunLocked) as e:  # this member's problem: reported, the others go on
+                outcomes[i] = _failed(e)
+        by_step: dict[int, list[tuple[int, Run]]] = {}
+        for i, run in todo:
+            by_step.setdefault(run.step, []).append((i, run))
+        for step in sorted(by_step):
+            group = by_step[step]
+            errors = fit_ensemble([r for _, r in group], run_dirs=[run_dirs[i] for i, _ in group], task=task,
+                                  eval_batch=ev, progress=progress,
+                                  logger=None if logger is None else (lambda k, s, row, g=group: logger(g[k][0], s, row)))
+            for (i, run), err in zip(group, errors):
+                if err is not None:
+                    write_json(run_dirs[i] / "failed.json", {"step": err.step, "error": err.error})
+                    outcomes[i] = MemberOutcome(MemberStatus.FAILED, run, f"TrainingDiverged: {err}")
+                else:
+                    finish_run(run, run_dirs[i])
+                    outcomes[i] = MemberOutcome(MemberStatus.DONE, run)
+    return [o for o in outcomes if o is not None]

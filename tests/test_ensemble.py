@@ -1,0 +1,318 @@
+"""The ensemble trainer: each member computes what its single run computes.
+
+Equivalence is tested at three levels: every step's loss and gradients (bit for bit on the CPU
+where every member scores the same positions; to 1e-5 relative otherwise), every file of the
+run directory (weights, optimizer and RNG state, metrics, done/failed records), and the
+behaviour around it (divergence of one member, interrupted ensembles, resuming a member alone,
+sweeps that mix executors)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from circuitfade.io import load_tensors
+from circuitfade.tasks import eval_set
+from circuitfade.train import RunConfig, TrainConfig, TrainingDiverged, fit, new_run, train
+from circuitfade.train.state import one_thread
+from circuitfade.train.ensemble import (
+    DEFAULT_MEMBERS,
+    Ensemble,
+    MemberStatus,
+    default_ensemble_size,
+    ensemble_key,
+    ensemble_refusal,
+    fit_ensemble,
+    train_ensemble,
+)
+
+TINY = {"d_model": 16, "d_head": 4, "n_ctx": 13, "d_vocab": 16}
+TASK = {"name": "assoc", "n_pairs": 6, "n_keys": 8, "n_values": 8, "d_vocab": 16, "max_len": 13}
+
+
+def members(steps: int, model=None, task=None, **train_kw) -> list[RunConfig]:
+    """Three members that differ in everything a member may differ in: gate path (scheduled,
+    learned, fixed), seed, lr, weight decay, clipping norm."""
+    tc = dict(steps=steps, eval_every=steps, eval_size=8, batch_size=8, checkpoint_every=10_000, **train_kw)
+    model = TINY if model is None else model
+    task = TASK if task is None else task
+    per = [("fade3+4->0", 0, {}), ("unforced", 1, {"lr": 3e-3}),
+           ("forced_zero", 2, {"weight_decay": 0.1, "grad_clip": 0.5})]
+    return [RunConfig(path=p, seed=s, model=model, task=task, train=TrainConfig(**{**tc, **kw})) for p, s, kw in per]
+
+
+class LossRecorder:
+    """A task whose ``loss`` also records each value (everything else is the task's)."""
+
+    def __init__(self, task):
+        self._task, self.losses = task, []
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def loss(self, logits, batch):
+        value = self._task.loss(logits, batch)
+        self.losses.append(value.detach().clone())
+        return value
+
+
+def record_grads(params: dict, steps: list) -> None:
+    """Append each parameter's gradient (before clipping) to ``steps[-1]`` as it is computed."""
+    for n, p in params.items():
+        if p.requires_grad:
+            p.register_hook(lambda g, n=n: steps[-1].__setitem__(n, g.detach().clone()))
+
+
+def trajectories(cfgs: list[RunConfig], steps: int):
+    """Per member: the single run's and the ensemble member's losses, raw gradients (one dict per
+    step) and final weights, over ``steps`` steps from the start."""
+    singles = []
+    for c in cfgs:
+        run, task = new_run(c), LossRecorder(c.make_task())
+        grads: list[dict] = []
+        record_grads(dict(run.model.named_parameters()), grads)
+        task.sample = lambda *a, _t=task, _g=grads, **k: (_g.append({}), _t._task.sample(*a, **k))[1]
+        fit(run, until=steps, task=task, eval_batch=eval_set(task._task, 8), progress=False)
+        singles.append((torch.stack(task.losses), grads, dict(run.model.named_parameters())))
+    ens = Ensemble([new_run(c) for c in cfgs])
+    task = cfgs[0].make_task()
+    grads = []
+    record_grads(ens.model.params, grads)
+    losses = []
+    with one_thread():  # as fit and fit_ensemble compute
+        for _ in range(steps):
+            grads.append({})
+            losses.append(ens.train_step(task)[0])
+    members_ = []
+    for e in range(len(cfgs)):
+        loss = torch.tensor([row[e] for row in losses])
+        members_.append((loss, [{n: g[e] for n, g in step.items()} for step in grads],
+                         {n: p[e] for n, p in ens.model.params.items()}))
+    return singles, members_
+
+
+VARIANTS = {
+    "gate paths (fade, unforced, forced_zero), priors on, answer path": dict(),
+    "priors off": dict(model={**TINY, "priors": []}),
+    "full path (a last-layer prior that needs the scores)": dict(model={**TINY, "priors": ["pos", "cope"]}),
+    "prior dropout and dual loss, MLP blocks": dict(model={**TINY, "attn_only": False, "d_mlp": 32},
+                                                    prior_dropout=0.5, dual_loss=True),
+}
+
+
+def blas_batches_like_single() -> bool:
+    """Whether this BLAS computes each matrix of a batched product (``bmm``) bit for bit as the
+    single product (``mm``) for the tiny model's shapes, plain and transposed (as in backward
+    passes): what bit-identity rests on. MKL on x86 does; where it does not, members still
+    match to 1e-5 (the tolerance test below)."""
+    g = torch.Generator().manual_seed(0)
+    for m, k, n in [(104, 16, 48), (104, 16, 32), (8, 16, 16), (8, 16, 32), (16, 104, 48), (16, 8, 16), (104, 16, 16)]:
+        a, b = torch.randn(3, m, k, generator=g), torch.randn(3, k, n, generator=g)
+        at = torch.randn(3, k, m, generator=g).transpose(1, 2)
+        if not all(torch.equal(torch.bmm(a, b)[e], a[e] @ b[e]) and torch.equal(torch.bmm(at, b)[e], at[e] @ b[e])
+                   for e in range(3)):
+            return False
+    return True
+
+
+exact = pytest.mark.skipif(not blas_batches_like_single(), reason="this BLAS rounds batched products "
+                           "differently from single ones: members match to 1e-5 (see the tolerance test)")
+
+
+@exact
+@pytest.mark.parametrize("steps", [25, pytest.param(100, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_members_match_their_single_runs_bit_for_bit(variant, steps):
+    cfgs = members(steps, **VARIANTS[variant])
+    singles, ensemble = trajectories(cfgs, steps)
+    for (loss, grads, weights), (e_loss, e_grads, e_weights) in zip(singles, ensemble):
+        if cfgs[0].train.dual_loss:  # the single run's two losses, added as it adds them
+            loss = loss[0::2] + loss[1::2]
+        assert len(loss) == len(e_loss) == len(grads) == steps
+        assert torch.equal(loss.float(), e_loss.float())
+        for step, (g, eg) in enumerate(zip(grads, e_grads)):
+            assert g, step
+            for n in g:  # every gradient the single run has (a learned gate under prior dropout has none)
+                assert torch.equal(g[n], eg[n]), (step, n)
+        for n, w in weights.items():
+            assert torch.equal(w, e_weights[n]), n
+
+
+def test_members_that_score_different_positions_match_within_1e_5():
+    # markov batches score different positions per member: the last block computes the union of
+    # them, so the matrix shapes differ from the single run's and bit-identity is not promised
+    cfgs = members(40, model={"d_model": 16, "d_head": 4}, task={"name": "markov"})
+    assert ensemble_key(cfgs[0]) == ensemble_key(cfgs[1])
+    singles, ensemble = trajectories(cfgs, 40)
+    differs = False
+    for (loss, grads, _), (e_loss, e_grads, _) in zip(singles, ensemble):
+        assert float(((loss - e_loss).abs() / loss.abs()).max()) <= 1e-5
+        for g, eg in zip(grads, e_grads):
+            a = torch.cat([g[n].flatten() for n in sorted(g)])
+            b = torch.cat([eg[n].flatten() for n in sorted(g)])
+            assert float((a - b).norm() / a.norm()) <= 1e-5
+            differs |= not torch.equal(a, b)
+    assert differs  # the case is real: shapes differ, rounding differs
+
+
+def _files(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+
+
+def assert_same_run_dirs(a: Path, b: Path) -> None:
+    """Every file of two run directories holds the same thing (tensors, metadata, text)."""
+    assert _files(a) == _files(b)
+    for f in _files(a):
+        if f.endswith(".safetensors"):
+            ta, tb = load_tensors(a / f), load_tensors(b / f)
+            assert ta.keys() == tb.keys(), f
+            for k in ta:
+                assert ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k]), (f, k)
+            with safe_open(str(a / f), "pt") as x, safe_open(str(b / f), "pt") as y:
+                assert x.metadata() == y.metadata(), f
+        else:
+            assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def dir_configs(**kw) -> list[RunConfig]:
+    tc = dict(steps=24, eval_every=5, eval_size=16, batch_size=8, checkpoint_every=10, extra_checkpoints=(3,))
+    per = [("fade4+8->0", 0, {}), ("unforced", 1, {"lr": 3e-3, "prior_dropout": 0.3}),
+           ("forced_zero", 2, {"weight_decay": 0.1, "grad_clip": 0.5})]
+    return [RunConfig(path=p, seed=s, model=TINY, task=TASK, train=TrainConfig(**{**tc, **k, **kw}))
+            for p, s, k in per]
+
+
+@exact
+def test_train_ensemble_writes_what_the_single_trainer_writes(tmp_path):
+    cfgs = dir_configs()
+    outs = train_ensemble(cfgs, [tmp_path / f"e{i}" for i in range(3)])
+    assert [o.status for o in outs] == [MemberStatus.DONE] * 3
+    for i, c in enumerate(cfgs):
+        train(c, tmp_path / f"s{i}", progress=False)
+        assert_same_run_dirs(tmp_path / f"e{i}", tmp_path / f"s{i}")
+        assert outs[i].final == outs[i].run.metrics[-1] and outs[i].final["step"] == 24
+    again = train_ensemble(cfgs, [tmp_path / f"s{i}" for i in range(3)])  # finished single runs are reused
+    assert [o.status for o in again] == [MemberStatus.CACHED] * 3
+
+
+@exact
+def test_a_diverging_member_fails_as_its_single_run_does_and_the_others_go_on(tmp_path):
+    cfgs = dir_configs()
+    cfgs[1] = RunConfig.from_dict({**cfgs[1].to_dict(), "train": {**cfgs[1].to_dict()["train"], "lr": 1e3}})
+    outs = train_ensemble(cfgs, [tmp_path / f"e{i}" for i in range(3)])
+    assert [o.status for o in outs] == [MemberStatus.DONE, MemberStatus.FAILED, MemberStatus.DONE]
+    assert "training diverged at step" in outs[1].error and outs[1].final == {}
+    with pytest.raises(TrainingDiverged):
+        train(cfgs[1], tmp_path / "s1", progress=False)
+    for i in range(3):
+        if i != 1:
+            train(cfgs[i], tmp_path / f"s{i}", progress=False)
+        assert_same_run_dirs(tmp_path / f"e{i}", tmp_path / f"s{i}")  # failed.json and checkpoints included
+    again = train_ensemble(cfgs, [tmp_path / f"e{i}" for i in range(3)])  # a recorded failure is not retrained
+    assert again[1].status is MemberStatus.FAILED and "failed.json" in again[1].error
+    assert [again[0].status, again[2].status] == [MemberStatus.CACHED] * 2
+
+
+class Interrupt(Exception):
+    pass
+
+
+@exact
+def test_an_interrupted_ensemble_resumes_and_a_member_resumes_alone(tmp_path):
+    cfgs = dir_configs()
+    full = [tmp_path / f"full{i}" for i in range(3)]
+    train_ensemble(cfgs, full)
+
+    def stop_at_15(member, step, row):
+        if step == 15:
+            raise Interrupt
+
+    cut = [tmp_path / f"cut{i}" for i in range(3)]
+    with pytest.raises(Interrupt):
+        train_ensemble(cfgs, cut, logger=stop_at_15)
+    assert all((d / "checkpoints" / "step_000010.state.safetensors").is_file() for d in cut)
+    assert not any((d / "done.json").exists() or (d / ".lock").exists() for d in cut)
+    for f in (cut[2] / "checkpoints").glob("step_000010*"):
+        f.unlink()  # member 2 is now behind (last complete checkpoint: step 3)
+    train(cfgs[0], cut[0], progress=False)  # member 0 resumes alone, as a single run
+    outs = train_ensemble(cfgs, cut)  # 1 and 2 resume at different steps: two groups
+    assert [o.status for o in outs] == [MemberStatus.CACHED, MemberStatus.DONE, MemberStatus.DONE]
+    for a, b in zip(full, cut):
+        assert_same_run_dirs(a, b)
+
+
+@exact
+def test_fit_ensemble_leaves_single_runs_that_fit_continues():
+    cfgs = [RunConfig.from_dict({**c.to_dict(), "train": {**c.to_dict()["train"], "eval_every": 4}})
+            for c in members(12)]
+    runs = [new_run(c) for c in cfgs]
+    assert fit_ensemble(runs, until=5) == [None] * 3
+    for r, c in zip(runs, cfgs):
+        assert r.step == 5
+        fit(r, progress=False)  # each member continues alone
+        ref = new_run(c)
+        fit(ref, until=5, progress=False)  # the single step function stopped at the same step
+        fit(ref, progress=False)
+        assert json.dumps(r.metrics) == json.dumps(ref.metrics)  # (NaN train loss at step 0 included)
+        for (n, p), q in zip(r.model.named_parameters(), ref.model.parameters()):
+            assert torch.equal(p, q), n
+
+
+def test_what_members_share_and_what_cannot_be_a_member():
+    base = RunConfig(path="fade600->0", seed=0)
+    same = [RunConfig(path="unforced", seed=3), RunConfig(path="forced_zero", seed=1, mix={}),
+            RunConfig(path="fade600->0", train=TrainConfig(lr=3e-3, weight_decay=0.1, grad_clip=0.5,
+                                                           prior_dropout=0.2, checkpoint_every=100))]
+    other = [RunConfig(train=TrainConfig(steps=1000)), RunConfig(model={"d_model": 128, "d_head": 32}),
+             RunConfig(task={"name": "markov"}), RunConfig(train=TrainConfig(batch_size=32)),
+             RunConfig(train=TrainConfig(dual_loss=True)), RunConfig(train=TrainConfig(eval_every=50))]
+    assert all(ensemble_key(c) == ensemble_key(base) for c in same)
+    assert len({ensemble_key(c) for c in other} | {ensemble_key(base)}) == len(other) + 1
+    branch = RunConfig(path="posthoc5", parent={"run": "/nowhere", "step": 3600}, train=TrainConfig(steps=3605))
+    rotary = RunConfig(model={"positional_embedding_type": "rotary"})
+    assert "branch" in ensemble_refusal(branch) and "rotary" in ensemble_refusal(rotary)
+    assert ensemble_refusal(base) is None
+    with pytest.raises(ValueError, match="cannot join an ensemble"):
+        ensemble_key(branch)
+    with pytest.raises(ValueError, match="differ"):
+        train_ensemble([base, other[0]], ["/tmp/a", "/tmp/b"])
+    with pytest.raises(ValueError, match="different steps"):
+        runs = [new_run(c) for c in members(4)]
+        runs[0].step = 2
+        fit_ensemble(runs)
+
+
+def test_default_size_per_device():
+    assert default_ensemble_size("cpu") == DEFAULT_MEMBERS["cpu"] >= 1
+    if not torch.cuda.is_available():
+        assert default_ensemble_size("auto") == DEFAULT_MEMBERS["cpu"]
+    assert math.isfinite(default_ensemble_size())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_device_that_is_not_here_fails_before_anything_is_written(tmp_path):
+    cfgs = [RunConfig.from_dict({**c.to_dict(), "train": {**c.to_dict()["train"], "device": "cuda"}})
+            for c in dir_configs()]
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        train_ensemble(cfgs, [tmp_path / f"r{i}" for i in range(3)])
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        default_ensemble_size("cuda")
+    assert not list(tmp_path.iterdir())
+
+
+def test_members_on_the_device_of_their_runs():
+    # the stack, its optimizer state and the batches live where the runs' models are ("cpu" here)
+    cfgs = [RunConfig.from_dict({**c.to_dict(), "train": {**c.to_dict()["train"], "device": "auto"}})
+            for c in members(2)]
+    ens = Ensemble([new_run(c) for c in cfgs])
+    want = new_run(cfgs[0]).model.W_E.device
+    assert all(p.device == want for p in ens.model.params.values())
+    assert all(t.device == want for t in ens.opt.exp_avg.values()) and ens.model.learned.device == want
+    with one_thread():
+        losses, norms = ens.train_step(cfgs[0].make_task())
+    assert all(math.isfinite(x) for x in losses + norms)
