@@ -211,7 +211,61 @@ def compare_full(args: argparse.Namespace) -> dict:
         print(f"  {k:12s} single {' '.join(f'{x:.4f}' for x in a)}  ensemble {' '.join(f'{x:.4f}' for x in b)}  "
               f"max |diff| {diff:.2e}  seed sd {spread:.4f}  range {max(a) - min(a):.4f}")
     print(f"  metrics.csv and final weights identical: {same_files}")
-    return {"final_metrics": report, "identical_files": same_files, "cpu_s_single": c1 - c0, "cpu_s_ensemble": c2 - c1}
+    rep = {"command": "python benchmarks/ensemble.py --compare-full", "final_metrics": report,
+           "identical_files": same_files, "cpu_s_single": c1 - c0, "cpu_s_ensemble": c2 - c1}
+    write_outputs(Path(args.out).with_name("ensemble_full.json"), rep, full_markdown(rep))
+    return rep
+
+
+def full_markdown(rep: dict) -> str:
+    """The --compare-full report as the markdown the docs include."""
+    lines = [f"Three default runs (3,600 steps, `fade600->0`, seeds 0, 1, 2) as single runs and as one ensemble "
+             f"of three (`{rep['command']}`): CPU {rep['cpu_s_single']:.0f} s single, {rep['cpu_s_ensemble']:.0f} s "
+             "ensemble.", "", "| final metric | single runs | ensemble members | largest difference | seed sd |",
+             "|---|---|---|---|---|"]
+    for k, r in rep["final_metrics"].items():
+        lines.append(f"| `{k}` | {' '.join(f'{x:.4f}' for x in r['single'])} | "
+                     f"{' '.join(f'{x:.4f}' for x in r['ensemble'])} | {r['max_abs_difference']:.2g} | {r['seed_sd']:.4f} |")
+    lines += ["", "`metrics.csv` and final weights identical to the single runs': "
+              + ("**yes**" if rep["identical_files"] else "**no**") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def bench_markdown(res: dict) -> str:
+    """The runs-per-hour table, the step-cost split and the default E as the markdown the docs include."""
+    seq, kind = res["sequential"], res["device"].split(":")[0]
+    lines = [f"`{res['command'].strip()}` on {res['device']} ({res['cpus']} cores, one torch thread per process): the "
+             f"base model, `fade600->0`, {res['steps']} steps (evaluation every {res['eval_every']}, checkpoint every "
+             f"{res['checkpoint_every']}); medians over rounds.", "",
+             "| trainer | runs/hour (wall) | runs/hour (CPU) | ratio (wall) | ratio (CPU) | peak RSS | rounds |",
+             "|---|---|---|---|---|---|---|",
+             f"| sequential | {seq['runs_per_hour_wall']:.0f} | {seq['runs_per_hour_cpu']:.0f} | 1 | 1 | "
+             f"{seq['rss_mib']:.0f} MiB | |"]
+    for n, e in sorted(res["ensemble"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| ensemble E = {n} | {e['runs_per_hour_wall']:.0f} | {e['runs_per_hour_cpu']:.0f} | "
+                     f"{e['ratio_wall']:.2f} | {e['ratio_cpu']:.2f} | {e['rss_mib']:.0f} MiB | {e['rounds']} |")
+    med = res.get("step_costs") or {}
+    if med:
+        lines += ["", f"A single step at batch 64 costs {med['fixed_ms']:.1f} ms fixed + "
+                  f"{64 * med['per_example_ms']:.1f} ms proportional to the batch (CPU): removing all of the fixed "
+                  f"part gives at most **{med['ceiling_at_64']:.2f}×**."]
+        if "ensemble_fixed_ms" in med:
+            lines[-1] += (f" Per run and step, the ensemble has {med['ensemble_fixed_ms']:.1f} ms fixed + "
+                          f"{64 * med['ensemble_per_example_ms']:.1f} ms proportional to the batch.")
+    best = res["default_members"][kind]
+    lines += ["", f"Default E for {kind}: **{best}** (the smallest E within {res['tolerance']:.0%} of the highest "
+              f"median ratio)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, result: dict, markdown: str) -> None:
+    """``out`` (JSON) and the markdown beside it (same name, ``.md``), atomically."""
+    from circuitfade.io import write_json, write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result)
+    write_text(out.with_suffix(".md"), markdown)
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
 
 
 TOLERANCE = 0.05
@@ -304,10 +358,18 @@ def main(argv=None) -> dict:
     if args.compare_full:
         return compare_full(args)
     if args.summarize:
-        saved = json.loads(Path(args.summarize).read_text())
+        path = Path(args.summarize)
+        saved = json.loads(path.read_text())
         sizes = sorted(int(n) for n in saved["ensemble"])
-        return summarize(saved["measurements"], sizes, argparse.Namespace(**{**vars(args), **{
+        result = summarize(saved["measurements"], sizes, argparse.Namespace(**{**vars(args), **{
             k: saved[k] for k in ("steps", "eval_every", "checkpoint_every", "device")}}))
+        result.update({k: saved[k] for k in ("command", "seconds") if k in saved})
+        md = path.with_suffix(".md")
+        from circuitfade.io import write_text
+
+        write_text(md, bench_markdown(result))
+        print(f"wrote {md}")
+        return result
     sizes = sorted({int(s) for s in args.sizes.split(",")})
     if not sizes or sizes[0] < 1:
         raise SystemExit(f"--sizes: expected positive integers, got {args.sizes!r}")
@@ -338,12 +400,7 @@ def main(argv=None) -> dict:
     result = summarize(rows, sizes, args)
     result["command"] = "python benchmarks/ensemble.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result["seconds"] = time.time() - t0
-    from circuitfade.io import write_json
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, result)
-    print(f"wrote {out}")
+    write_outputs(Path(args.out), result, bench_markdown(result))
     return result
 
 

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
 PYTHIA_14M = dict(n_layers=6, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=50304, n_ctx=64, act_fn="gelu",
                   normalization_type="LN", positional_embedding_type="standard")
 
@@ -160,8 +161,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--n", type=int, default=4, help="sequences in the batch (default %(default)s)")
     ap.add_argument("--pairs", type=int, default=8, help="key-value pairs per sequence (default %(default)s)")
     ap.add_argument("--checkpoints", type=int, default=40)
+    ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "trace_memory.json"),
+                    help="JSON written with every figure, and the markdown beside it (default %(default)s)")
     ap.add_argument("--child", nargs=3, metavar=("MODE", "FOLDER", "K"), help=argparse.SUPPRESS)
+    ap.add_argument("--render", metavar="JSON", help="rewrite the markdown beside a JSON an earlier run wrote")
     args = ap.parse_args(argv)
+    if args.render:
+        from circuitfade.io import write_text
+
+        saved = json.loads(Path(args.render).read_text())
+        write_text(Path(args.render).with_suffix(".md"), markdown(saved))
+        return saved
     if args.child:
         mode, folder, k = args.child[0], Path(args.child[1]), int(args.child[2])
         fn = child_trace if mode == "trace" else child_loop
@@ -195,8 +205,35 @@ def main(argv=None) -> dict:
     print(f"  largest |loss increase (trace) - loss increase (loop)|: {diff:.2e} (must be <= 1e-5)")
     if diff > 1e-5:
         raise SystemExit("trace and the plain loop disagree")
-    return {"ratio": ratio, "growth": growth, "peak_2": few["peak_rss_mib"], "peak_many": many["peak_rss_mib"],
-            "seconds_per_checkpoint_trace": per_trace, "seconds_per_checkpoint_loop": per_loop, "max_diff": diff}
+    result = {"command": "python benchmarks/trace_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "n": args.n, "pairs": args.pairs, "checkpoints": args.checkpoints, "ratio": ratio, "growth": growth,
+              "peak_2": few["peak_rss_mib"], "peak_many": many["peak_rss_mib"],
+              "after_imports_2": few["rss_after_imports_mib"], "after_imports_many": many["rss_after_imports_mib"],
+              "seconds_per_checkpoint_trace": per_trace, "seconds_per_checkpoint_loop": per_loop, "max_diff": diff}
+    from circuitfade.io import write_json, write_text
+
+    out = Path(args.out)
+    write_json(out, result)
+    write_text(out.with_suffix(".md"), markdown(result))
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    return result
+
+
+def markdown(r: dict) -> str:
+    """The measurement as the markdown the docs include."""
+    k = r["checkpoints"]
+    return "\n".join([
+        f"`{r['command'].strip()}` ({r['n']} sequences of {2 * r['pairs'] + 1} tokens, one thread):", "",
+        f"| | 2 checkpoints | {k} checkpoints |", "|---|---|---|",
+        f"| peak resident memory | {r['peak_2']:.0f} MiB | {r['peak_many']:.0f} MiB |",
+        f"| ratio {k} / 2 (target ≤ 1.2) | | **{r['ratio']:.2f}** |",
+        f"| above the memory after imports | {r['peak_2'] - r['after_imports_2']:.0f} MiB | "
+        f"{r['peak_many'] - r['after_imports_many']:.0f} MiB ({r['growth']:.2f}×) |", "",
+        f"Per-head mean ablation, seconds per checkpoint: `trace` {r['seconds_per_checkpoint_trace']:.2f}, the plain "
+        f"`run_with_hooks` loop {r['seconds_per_checkpoint_loop']:.2f} "
+        f"(loop / trace = **{r['seconds_per_checkpoint_loop'] / r['seconds_per_checkpoint_trace']:.2f}**, both over "
+        f"the same 2 checkpoints); largest "
+        f"difference of their loss increases {r['max_diff']:.1g} (required ≤ 1e-5).", ""])
 
 
 if __name__ == "__main__":

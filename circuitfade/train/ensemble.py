@@ -79,7 +79,7 @@ from circuitfade.train.state import Run, new_run, one_thread
 __all__ = ["DEFAULT_MEMBERS", "default_ensemble_size", "ensemble_key", "ensemble_refusal", "StackedModel", "BatchedAdamW", "fit_ensemble", "train_ensemble",
            "MemberStatus", "MemberOutcome", "Ensemble"]
 
-DEFAULT_MEMBERS = {"cpu": 16}
+DEFAULT_MEMBERS = {"cpu": 4}
 """Members per ensemble by device type, from ``benchmarks/ensemble.py`` (the E with the most runs per
 hour, one thread); devices not measured use the CPU figure."""
 
