@@ -7,7 +7,7 @@ VENV_TL4 ?= .venv-tl4
 PY_TL4 := $(VENV_TL4)/bin/python
 STAMP_TL4 := $(VENV_TL4)/.installed
 
-.PHONY: demo test test-fast test-tl4 test-tl4-full test-pip docs bench clean
+.PHONY: demo test test-fast test-tl4 test-tl4-fast test-pip docs bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,14 +32,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n auto
 
-# under TransformerLens 4.3: the tests not marked slow, then every line test (tests/tl4/, slow ones included)
+# the whole suite under TransformerLens 4.3
 test-tl4: $(STAMP_TL4)
+	$(PY_TL4) -m pytest -q -n auto
+
+# what CI runs under TransformerLens 4.3: the tests not marked slow, then every line test (tests/tl4/, slow ones too)
+test-tl4-fast: $(STAMP_TL4)
 	$(PY_TL4) -m pytest -q -n auto -m "not slow"
 	$(PY_TL4) -m pytest -q -n auto tests/tl4
-
-# the whole suite under TransformerLens 4.3
-test-tl4-full: $(STAMP_TL4)
-	$(PY_TL4) -m pytest -q -n auto
 
 # a pip user's first hour: non-editable install in a fresh venv, README block + tutorials 01-02 from another folder
 test-pip:
