@@ -8,8 +8,8 @@ import itertools
 import pandas as pd
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuitfade import compat
 from circuitfade.analysis.parts import normalize_parts, part_ablation, pool_cells, sign_test, trace_part_ablation
 from circuitfade.store import attach
 from circuitfade.tasks import KPart, KPartConfig, eval_set, make_task
@@ -140,9 +140,9 @@ def test_part_ablation_bad_input():
 
 def test_part_ablation_on_a_plain_hooked_transformer_and_a_bare_batch():
     """Works on any TransformerLens model; a model at chance does not discriminate (NaN, never a number)."""
-    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=8, d_head=4, n_heads=3, d_vocab=5, attn_only=True)
+    cfg = dict(n_layers=2, d_model=16, n_ctx=8, d_head=4, n_heads=3, d_vocab=5, attn_only=True)
     torch.manual_seed(0)
-    model = HookedTransformer(cfg)
+    model = compat.plain_model(cfg)
     task = make_task("kpart", k=3, v=3, n_distractors=1)
     b = eval_set(task, 64)
     df = part_ablation(model, [(0, 1), (1, 2)], b, chance=1 / 3, n_random=10)

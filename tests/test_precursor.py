@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuitfade import compat
 from circuitfade.analysis.precursor import (activation_alignment, combine_parts, crossing_step, fit_crossing,
                                             label_alignment, median_interval, predict_crossing, relative_errors,
                                             source_attention)
@@ -16,11 +16,11 @@ from circuitfade.tasks import make_task
 from circuitfade.tasks.kpart import hand_built_model
 
 
-def _planted_attention_model(c: float, source: int) -> HookedTransformer:
+def _planted_attention_model(c: float, source: int) -> torch.nn.Module:
     """Head 0 scores key ``source`` at ``c / sqrt(d_head)`` and every other key at 0; head 1 is all zeros."""
-    cfg = HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=5, d_head=4, n_heads=2, d_vocab=6, attn_only=True,
-                                  normalization_type=None, positional_embedding_type="standard", act_fn="relu")
-    model = HookedTransformer(cfg)
+    cfg = dict(n_layers=1, d_model=8, n_ctx=5, d_head=4, n_heads=2, d_vocab=6, attn_only=True,
+               normalization_type=None, positional_embedding_type="standard", act_fn="relu")
+    model = compat.plain_model(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
