@@ -258,6 +258,30 @@ def bench_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bench_figure(res: dict, stem: Path) -> None:
+    """``stem.png`` (and ``.html``): runs per hour against E, both trainers, with the step-cost ceiling."""
+    import plotly.graph_objects as go
+
+    from circuitfade.viz.plots import save_figure
+
+    sizes = sorted(int(n) for n in res["ensemble"])
+    fig = go.Figure()
+    for key, name, dash in (("ratio_cpu", "ensemble / sequential (CPU time)", "solid"),
+                            ("ratio_wall", "ensemble / sequential (wall time)", "dot")):
+        fig.add_scatter(x=sizes, y=[res["ensemble"][str(n)][key] for n in sizes], mode="lines+markers", name=name,
+                        line={"dash": dash})
+    fig.add_hline(y=1.0, line={"color": "grey", "dash": "dash"}, annotation_text="sequential trainer")
+    ceiling = (res.get("step_costs") or {}).get("ceiling_at_64")
+    if ceiling:
+        fig.add_hline(y=ceiling, line={"color": "firebrick", "dash": "dash"},
+                      annotation_text=f"ceiling from the fixed part of a step ({ceiling:.2f}x)")
+    fig.update_layout(title=f"Runs per hour of the ensemble trainer relative to the sequential one ({res['device']}, "
+                            "one thread)", xaxis={"title": "ensemble size E", "type": "log", "tickvals": sizes},
+                      yaxis={"title": "runs/hour ratio", "rangemode": "tozero"}, template="plotly_white",
+                      legend={"orientation": "h", "y": -0.25}, height=450)
+    save_figure(fig, stem)
+
+
 def write_outputs(out: Path, result: dict, markdown: str) -> None:
     """``out`` (JSON) and the markdown beside it (same name, ``.md``), atomically."""
     from circuitfade.io import write_json, write_text
@@ -368,7 +392,8 @@ def main(argv=None) -> dict:
         from circuitfade.io import write_text
 
         write_text(md, bench_markdown(result))
-        print(f"wrote {md}")
+        bench_figure(result, path.with_suffix(""))
+        print(f"wrote {md} and {path.with_suffix('.png').name}")
         return result
     sizes = sorted({int(s) for s in args.sizes.split(",")})
     if not sizes or sizes[0] < 1:
@@ -401,6 +426,7 @@ def main(argv=None) -> dict:
     result["command"] = "python benchmarks/ensemble.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result["seconds"] = time.time() - t0
     write_outputs(Path(args.out), result, bench_markdown(result))
+    bench_figure(result, Path(args.out).with_suffix(""))
     return result
 
 
