@@ -24,7 +24,7 @@ from circuitfade.claims import grade as claim_grade
 from circuitfade.io import check_outputs, write_csv, write_text
 from circuitfade.tasks import make_task
 from circuitfade.train import RunConfig
-from circuitfade.train.sweep import run_dir_for, run_sweep
+from circuitfade.train.sweep import EXECUTORS, run_dir_for, run_sweep
 from circuitfade.viz.html import Section, write_page
 from studies.paper import protocol as P
 from studies.paper import rules
@@ -488,7 +488,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=DEFAULT_OUT,
                     help=f"output folder (default {DEFAULT_OUT}; runs are cached in OUT/runs)")
     ap.add_argument("--force", action="store_true", help="replace results.md and the tables if OUT has them")
-    ap.add_argument("--executor", choices=["local", "ray", "serial"], default="local")
+    ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
+                    help="local process pool, ensemble (runs of one shape as one stacked model), ray or serial")
     ap.add_argument("--address", help="Ray cluster address (with --executor ray)")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--quick", action="store_true", help="360-step runs: minutes, for trying it out / CI")
