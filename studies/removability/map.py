@@ -63,7 +63,7 @@ from circuitfade.io import atomic_write, check_outputs, read_json, write_json
 from circuitfade.store import open_run
 from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
-from circuitfade.train.sweep import run_sweep
+from circuitfade.train.sweep import EXECUTORS, run_sweep
 from circuitfade.viz.report import markdown_table
 from circuitfade.stats import paired_t_interval
 from circuitfade.stats import t_interval as _t
@@ -576,6 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seeds with an unforced run (default 0; none: give the flag alone)")
     ap.add_argument("--steps", type=int, nargs="+", default=list(_D["steps"]), help=f"budgets (default {_D['steps']})")
     ap.add_argument("--workers", type=int, help="parallel training runs (default: one per core)")
+    ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
+                    help="local process pool, ensemble (runs of one shape as one stacked model), ray or serial")
     ap.add_argument("--timing", help="the sweep's result CSV (columns run, seconds, status) for per-run seconds")
     ap.add_argument("--continuation", action="store_true", help="also measure the continuation signal on the "
                     "runs' checkpoints (under --runs) and test it as a predictor")
@@ -633,7 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not ns.tables_only:
 
         print(f"python -m studies.removability: {len(cfgs)} runs over {len(cells_grid)} cells into {roots[0]}/ (finished runs reused)")
-        timing = run_sweep(cfgs, roots[0], workers=ns.workers)
+        timing = run_sweep(cfgs, roots[0], workers=ns.workers, executor=ns.executor)
         failed = timing[timing.status == "failed"]
         for r in failed.itertuples():
             print(f"FAILED {r.run}: {str(r.error).splitlines()[0] if r.error else 'unknown'}", file=sys.stderr)
