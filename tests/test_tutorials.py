@@ -136,6 +136,10 @@ def test_tutorial_02_trace_series(kernel_env):
 
 @pytest.mark.slow
 def test_tutorial_03_attach_your_model(kernel_env):
+    from circuitfade.compat import is_tl4
+
+    if is_tl4():  # as the README/docs block test treats pages written for 3.x's own classes
+        pytest.skip("tutorial 03 trains a TransformerLens 3.x HookedTransformer; run by make test on 3.9")
     nb, r = run_notebook(
         NOTEBOOKS[2],
         '{"files": sorted(p.name for p in folder.iterdir()), "steps": series.steps, '
