@@ -615,3 +615,25 @@ def test_notebook_runs(tmp_path, monkeypatch):
     assert report["steps"][0] == 0 and len(report["steps"]) >= 8
     assert report["classes"] == ["bos", "induction", "previous_token"]
     assert report["n_figures"] >= 3
+
+
+def test_committed_results_rebuild_byte_identical_from_their_tables(tmp_path):
+    """results/development/results.md is generated: --tables-only on the committed CSVs writes it again, byte for byte."""
+    import shutil
+
+    from studies.development.study import main as study_main
+    from circuitfade.viz.screens import TABLES
+
+    committed = REPO / "results" / "development"
+    for t in TABLES:
+        shutil.copy(committed / f"{t}.csv", tmp_path / f"{t}.csv")
+    assert study_main(["--tables-only", "--no-png", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "results.md").read_text()
+    expected = (committed / "results.md").read_text()
+    assert text.replace(f" --out {tmp_path}", "") == expected
+    assert "| 633 | 4 | 4 | 3 |" in expected  # the class counts table, not only headings
+    with pytest.raises(ValueError, match="exists; pass --force"):  # results.md exists: --force needed
+        study_main(["--tables-only", "--no-png", "--out", str(tmp_path)])
+    (tmp_path / "pr_lead.csv").unlink()
+    with pytest.raises(FileNotFoundError, match="pr_lead.csv"):
+        study_main(["--tables-only", "--force", "--no-png", "--out", str(tmp_path)])

@@ -132,6 +132,7 @@ def run(
 # figures (plotly, from finished tables)
 # --------------------------------------------------------------------------------------
 _COLORS = {"induction": "#d62728", "previous_token": "#1f77b4", "bos": "#7f7f7f"}
+_DASHES = {"induction": "solid", "previous_token": "dash", "bos": "dot"}  # classes with equal fractions stay visible
 
 
 def _step_axis(steps) -> dict:
@@ -150,7 +151,9 @@ def fraction_figure(fractions: pd.DataFrame, shapes: pd.DataFrame | None = None)
         g = g.sort_values("step")
         label = f"{c} ({shape_of[c]})" if c in shape_of else c
         fig.add_trace(go.Scatter(x=[pos[s] for s in g["step"]], y=g["fraction"], mode="lines+markers", name=label,
-                                 line=dict(color=_COLORS.get(c)), customdata=g["step"],
+                                 line=dict(color=_COLORS.get(c), dash=_DASHES.get(c, "solid"), width=2.5),
+                                 marker=dict(symbol={"bos": "square", "previous_token": "diamond"}.get(c, "circle"),
+                                             size=9 if c == "induction" else 7), customdata=g["step"],
                                  hovertemplate="step %{customdata}: %{y:.3f}<extra>" + c + "</extra>"))
     fig.update_layout(title="Fraction of heads in each class", xaxis=_step_axis(steps),
                       yaxis=dict(title="fraction of heads", range=[-0.02, 1.02]), height=420)
