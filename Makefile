@@ -28,25 +28,25 @@ $(STAMP_TL4): pyproject.toml requirements-tl4.txt
 demo: $(STAMP)
 	$(VENV)/bin/circuitfade demo
 
-# the whole suite, one pytest worker per core (pytest-xdist)
+# the whole suite, one pytest worker per core up to 4 (pytest-xdist)
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
 
 # the whole suite under TransformerLens 4.3
 test-tl4: $(STAMP_TL4)
-	$(PY_TL4) -m pytest -q -n auto
+	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
 
 # what CI runs under TransformerLens 4.3: the tests not marked slow, then every line test (tests/tl4/, slow ones too)
 test-tl4-fast: $(STAMP_TL4)
-	$(PY_TL4) -m pytest -q -n auto -m "not slow"
-	$(PY_TL4) -m pytest -q -n auto tests/tl4
+	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m "not slow"
+	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup tests/tl4
 
 # a pip user's first hour: non-editable install in a fresh venv, README block + tutorials 01-02 from another folder
 test-pip:
 	bash .ci/pip_user.sh
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n auto -m "not slow"
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m "not slow"
 
 STAMP_DOCS := $(VENV)/.docs-installed
 $(STAMP_DOCS): $(STAMP)

@@ -79,6 +79,7 @@ def test_branch_waits_for_parent_serial(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # one local Ray instance at a time (pytest -n: the same worker)
 def test_ray_matches_local_pool_bit_for_bit(tmp_path):
     pytest.importorskip("ray")
     import ray
@@ -191,6 +192,7 @@ def die_on_seed_13(job):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # one local Ray instance at a time (pytest -n: the same worker)
 def test_ray_reports_a_run_whose_worker_dies_on_every_attempt(tmp_path, monkeypatch):
     pytest.importorskip("ray")
     import sys
