@@ -146,3 +146,19 @@ def test_unpinned_withheld_job_records_the_validation_curve_and_the_cure_redraws
     c = withheld.cure_job({"kind": "cure", "apparatus": "unpinned", "k": 3, "seed": 0, "w": 30, "which": "qk",
                            "budget": 20, "share": 0.5, "source": spec}, str(tmp_path))
     assert c["status"] == "censored" and c["final_step"] == 50 and c["acc_after_reinit"] < 0.6
+
+
+def test_pinned_cure_job_starts_from_the_switch_checkpoint_and_redraws_only_the_parts(tmp_path, monkeypatch):
+    """Version 1's cure job: from the withheld run's checkpoint at W, re-draw, then train to W + budget."""
+    from studies.alignment import apparatus
+
+    torch.set_num_threads(1)
+    monkeypatch.setattr(cure, "BUDGET", 20)
+    spec = {"kind": "withheld", "k": cure.K, "seed": 0, "w": 30}
+    r = cure.withheld_job(spec, str(tmp_path))
+    assert r["status"] == "censored" and r["final_step"] == 50
+    run, _ = apparatus.from_source({**spec, "source": spec}, str(tmp_path))
+    assert run.step == 30 and run.metrics == [m for m in run.metrics if m["step"] <= 30]
+    c = cure.cure_job({"kind": "cure", "k": cure.K, "seed": 0, "w": 30, "which": "qk", "source": spec}, str(tmp_path))
+    assert c["status"] == "censored" and c["final_step"] == 50 and c["delay"] is None and c["cpu_s"] > 0
+    assert 0.0 <= c["acc_after_reinit"] <= 1.0 and min(c["curve"][0]) >= 30

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -21,14 +22,14 @@ from circuitfade.gating.evaluation import evaluate_batch
 from circuitfade.io import content_hash, read_json, write_json
 from circuitfade.tasks import EVAL_SEED, eval_set, make_task
 from circuitfade.tasks.kpart import kpart_model
-from circuitfade.train import RunConfig, TrainConfig, save_checkpoint, train, write_metrics
+from circuitfade.train import RunConfig, TrainConfig, load_checkpoint, new_run, save_checkpoint, train, write_metrics
 from circuitfade.train.jobs import run_jobs
 from studies.alignment.protocol import PARTS_V1
 
 __all__ = ["TASK", "V", "N_DISTRACTORS", "BATCH", "LR", "EVAL_EVERY", "EVAL_SIZE", "CHUNK", "REINIT_EVAL_EVERY",
            "THRESHOLD", "PATIENCE", "MARGIN", "BASE_CAP", "WAIT_CAP", "base_config", "job_key", "acc_curve",
            "until_ignition", "check_finite", "persist", "first_acc", "run_cached_jobs", "cached_job", "is_pinned",
-           "from_scratch"]
+           "from_scratch", "from_source", "cure_row"]
 
 V, N_DISTRACTORS = 3, 1
 TASK = {"name": "kpart", "v": V, "n_distractors": N_DISTRACTORS}
@@ -120,6 +121,28 @@ def persist(run, run_dir: Path) -> None:
     write_metrics(run_dir, run.metrics)
     save_checkpoint(run, run_dir)
     write_json(run_dir / "done.json", {"step": run.step, "final": run.metrics[-1]})
+
+
+def from_source(spec: Mapping, out: str):
+    """``(run, t0)``: the withheld run ``spec["source"]`` (under ``out/runs``) loaded at its step
+    ``spec["w"]`` on one torch thread, and the process CPU clock when loading began (a cure job's start)."""
+    import torch
+
+    torch.set_num_threads(1)
+    src = Path(out) / "runs" / job_key(spec["source"])
+    t0 = time.process_time()
+    run = new_run(RunConfig.from_dict(read_json(src / "config.json")))
+    load_checkpoint(run, src, int(spec["w"]))
+    return run, t0
+
+
+def cure_row(spec: Mapping, run, ignition: int | None, curve: tuple[list, list], first: float, t0: float) -> dict:
+    """A cure job's result: ``spec`` with status, ignition, delay after ``spec["w"]``, the accuracy
+    right after re-initialisation, the final step, the accuracy curve and the CPU seconds since ``t0``."""
+    w = int(spec["w"])
+    return {**spec, "status": "ignited" if ignition is not None else "censored", "ignition": ignition,
+            "delay": None if ignition is None else ignition - w, "acc_after_reinit": first, "final_step": run.step,
+            "curve": list(curve), "cpu_s": time.process_time() - t0}
 
 
 def first_acc(run) -> float:

@@ -38,15 +38,14 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from circuitfade.claims import Outcome
-from circuitfade.gating.evaluation import evaluate_batch
 from circuitfade.io import read_json, write_json
 from circuitfade.stats import binomial_exact_interval, bootstrap_median
-from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, RunConfig, load_checkpoint, new_run, save_checkpoint, train
 from circuitfade.train.surgery import reinit_slices
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
-from studies.alignment.apparatus import EVAL_SIZE, base_config, job_key, run_cached_jobs, until_ignition
+from studies.alignment.apparatus import (base_config, cure_row, first_acc, from_source, job_key,
+                                         run_cached_jobs, until_ignition)
 from studies.alignment.protocol import CURE_V1, stamp, stamped
 
 __all__ = ["K", "WS", "BUDGET", "CURE_SEEDS", "STUDY_CURE", "withheld_config", "withheld_job", "cure_job",
@@ -72,12 +71,6 @@ def withheld_config(seed: int, w: int, steps: int):
 
     cfg = base_config(K, seed, steps)
     return replace(cfg, mix={"p_capability": f"switch0->{CAP_SHARE}@{int(w)}"})
-
-
-def first_acc(run) -> float:
-
-    task = run.config.make_task()
-    return float(evaluate_batch(run.model, task, eval_set(task, n=EVAL_SIZE, seed=EVAL_SEED))["accuracy"])
 
 
 def _base_loss(run) -> float:
@@ -191,21 +184,15 @@ def cure_job(spec: Mapping, out: str) -> dict:
     """From a withheld run's switch checkpoint: re-initialise the ``which`` slices of the parts, continue."""
     import torch
 
-    torch.set_num_threads(1)
     seed, w, which = int(spec["seed"]), int(spec["w"]), str(spec["which"])
-    src = Path(out) / "runs" / job_key(spec["source"])
-    t0 = time.process_time()
-    run = new_run(RunConfig.from_dict(read_json(src / "config.json")))
-    load_checkpoint(run, src, w)
+    run, t0 = from_source(spec, out)
     if which != "none":
         reinit_slices(run.model, [(0, i) for i in range(K)], which=which,
                       generator=torch.Generator().manual_seed(2_000_003 + 7919 * seed + (1 if which == "qk" else 2)))
     first = first_acc(run)
     ig, steps, accs = until_ignition(run, lambda s: withheld_config(seed, w, s), start=w, first=first,
                                       cap=BUDGET, chance=run.config.make_task().chance)
-    return {**spec, "status": "ignited" if ig is not None else "censored", "ignition": ig,
-            "delay": None if ig is None else ig - w, "acc_after_reinit": first, "final_step": run.step,
-            "curve": [steps, accs], "cpu_s": time.process_time() - t0}
+    return cure_row(spec, run, ig, (steps, accs), first, t0)
 
 
 DAMAGE_COLUMNS = {"base_loss": "base_loss", "base_loss_parts_ablated": "loss_parts_abl",

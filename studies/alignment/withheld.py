@@ -34,13 +34,14 @@ import plotly.graph_objects as go
 import torch
 
 from circuitfade.claims import Claim, Outcome, Verdict
-from circuitfade.io import read_json, write_json
+from circuitfade.io import write_json
 from circuitfade.stats import binomial_exact_interval
-from circuitfade.train import EVAL_SEED, RunConfig, load_checkpoint, new_run, save_checkpoint, train
+from circuitfade.train import EVAL_SEED, RunConfig, new_run, save_checkpoint, train
 from circuitfade.train.surgery import reinit_slices
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
-from studies.alignment.apparatus import base_config, first_acc, job_key, run_cached_jobs, until_ignition
+from studies.alignment.apparatus import (base_config, cure_row, first_acc, from_source, job_key, run_cached_jobs,
+                                         until_ignition)
 from studies.alignment.power import fisher_greater
 from studies.alignment.protocol import CURE_PILOT_V2, declared, rules_of, stamp, verdict_frame
 
@@ -128,12 +129,8 @@ def withheld_job(spec: Mapping, out: str) -> dict:
 
 def cure_job(spec: Mapping, out: str) -> dict:
     """From a withheld run's checkpoint at ``W``: re-draw the ``which`` slices of every head, continue."""
-    torch.set_num_threads(1)
     seed, w, which = int(spec["seed"]), int(spec["w"]), str(spec["which"])
-    src = Path(out) / "runs" / job_key(spec["source"])
-    t0 = time.process_time()
-    run = new_run(RunConfig.from_dict(read_json(src / "config.json")))
-    load_checkpoint(run, src, w)
+    run, t0 = from_source(spec, out)
     heads = [(0, h) for h in range(run.model.cfg.n_heads)]
     reinit_slices(run.model, heads, which=which,
                   generator=torch.Generator().manual_seed(3_000_017 + 7919 * seed + (1 if which == "qk" else 2)))
@@ -141,9 +138,7 @@ def cure_job(spec: Mapping, out: str) -> dict:
     pinned = spec.get("apparatus", "pinned") == "pinned"
     ig, steps, accs = until_ignition(run, lambda s: withheld_config(seed, w, s, pinned=pinned), start=w,
                                       first=first, cap=int(spec["budget"]), chance=run.config.make_task().chance)
-    return {**spec, "status": "ignited" if ig is not None else "censored", "ignition": ig,
-            "delay": None if ig is None else ig - w, "acc_after_reinit": first, "final_step": run.step,
-            "curve": [steps, accs], "cpu_s": time.process_time() - t0}
+    return cure_row(spec, run, ig, (steps, accs), first, t0)
 
 
 # ------------------------------------------------------------------ verdicts
