@@ -364,12 +364,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--big-rounds", type=int, default=1, help="rounds for the largest E (default %(default)s)")
     ap.add_argument("--sizes", default="1,4,16,64", help="ensemble sizes E (comma-separated)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ensemble.json"))
-    ap.add_argument("--child", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
+                                    "(default: results/benchmarks/ensemble.json in the repository)")
     ap.add_argument("--profile", type=int, metavar="E", help="print where an ensemble step's time goes at E")
     ap.add_argument("--compare-full", action="store_true", help="3 full default runs, single vs one ensemble")
     ap.add_argument("--summarize", metavar="JSON", help="print the summary of measurements saved by an earlier run")
     args = ap.parse_args(argv)
+    args.out = args.out or str(REPO / "results" / "benchmarks" / "ensemble.json")
     if min(args.steps, args.eval_every, args.checkpoint_every, args.rounds, args.big_rounds) < 1:
         raise SystemExit("--steps, --eval-every, --checkpoint-every, --rounds and --big-rounds must be >= 1")
     if args.child:

@@ -161,11 +161,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--n", type=int, default=4, help="sequences in the batch (default %(default)s)")
     ap.add_argument("--pairs", type=int, default=8, help="key-value pairs per sequence (default %(default)s)")
     ap.add_argument("--checkpoints", type=int, default=40)
-    ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "trace_memory.json"),
-                    help="JSON written with every figure, and the markdown beside it (default %(default)s)")
+    ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
+                                    "(default: results/benchmarks/trace_memory.json in the repository)")
     ap.add_argument("--child", nargs=3, metavar=("MODE", "FOLDER", "K"), help=argparse.SUPPRESS)
     ap.add_argument("--render", metavar="JSON", help="rewrite the markdown beside a JSON an earlier run wrote")
     args = ap.parse_args(argv)
+    args.out = args.out or str(REPO / "results" / "benchmarks" / "trace_memory.json")
     if args.render:
         from circuitfade.io import write_text
 

@@ -24,8 +24,10 @@ is reported with the number of steps it takes to pay for itself.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -35,6 +37,8 @@ from circuitfade.gating.evaluation import answer_logits
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.tasks import AssocRecall
 from circuitfade.train.timing import adamw_step, median_ms, time_steps, torch_threads
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class MinimalModel(nn.Module):
@@ -72,7 +76,10 @@ def main(argv=None) -> dict[str, float]:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
+    ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
+                                    "(default: results/benchmarks/train_step.json in the repository)")
     args = ap.parse_args(argv)
+    args.out = args.out or str(REPO / "results" / "benchmarks" / "train_step.json")
     torch.manual_seed(0)
     task = AssocRecall()
     batch = task.sample(64, torch.Generator().manual_seed(0))
@@ -131,7 +138,46 @@ def main(argv=None) -> dict[str, float]:
         print(f"  soft_prior_compiled / soft_prior_answer = {ms['soft_prior_compiled'] / ms['soft_prior_answer']:.2f}"
               f"; compile time {compile_s:.1f} s: {verdict}")
         ms["compile_s"] = compile_s
+    from circuitfade.io import write_json, write_text
+
+    out = Path(args.out)
+    command = "python benchmarks/train_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_json(out, {"command": command.strip(), "torch": torch.__version__, "threads": args.threads,
+                     "steps": args.steps, "rounds": args.rounds, "ms_per_step": ms})
+    write_text(out.with_suffix(".md"), markdown(ms, command.strip(), args))
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
     return ms
+
+
+ROWS = (("soft_prior_fused", "SoftPriorTransformer, fused path, every position"),
+        ("soft_prior_answer", "SoftPriorTransformer, answer-position path (what training uses)"),
+        ("soft_prior_compiled", "the same, `torch.compile`"),
+        ("soft_prior_hooked", "SoftPriorTransformer, hooked path"),
+        ("hooked_transformer", "plain HookedTransformer, same shape"),
+        ("minimal_pytorch", "minimal hand-written PyTorch model, every position"),
+        ("minimal_answer", "minimal model, answer position only"))
+
+
+def markdown(ms: dict, command: str, args) -> str:
+    """The table and ratios the docs include."""
+
+    def met(ratio: float, target: float) -> str:
+        return "met" if ratio <= target else "**not met**"
+
+    fused, answer = ms["soft_prior_fused"] / ms["minimal_pytorch"], ms["soft_prior_answer"] / ms["minimal_pytorch"]
+    lines = [f"`{command}` (torch {torch.__version__}, {args.threads} thread, batch 64, median over {args.rounds} rounds "
+             f"of {args.steps} steps):", "", "| model | ms/step |", "|---|---|"]
+    lines += [f"| {label} | {ms[k]:.1f} |" for k, label in ROWS if k in ms]
+    lines += [f"| **fused / minimal** (target ≤ 1.2) | **{fused:.2f}**: {met(fused, 1.2)} |",
+              f"| **answer path / minimal** (target ≤ 0.8) | **{answer:.2f}**: {met(answer, 0.8)} |",
+              f"| answer path / fused | {ms['soft_prior_answer'] / ms['soft_prior_fused']:.2f} |",
+              f"| minimal answer / minimal | {ms['minimal_answer'] / ms['minimal_pytorch']:.2f} |"]
+    if "compile_s" in ms:
+        saved = ms["soft_prior_answer"] - ms["soft_prior_compiled"]
+        pays = f"pays off after {ms['compile_s'] * 1e3 / saved:.0f} steps" if saved > 0 else "never pays off"
+        lines.append(f"| compiled / answer path | {ms['soft_prior_compiled'] / ms['soft_prior_answer']:.2f}; compiling took "
+                     f"{ms['compile_s']:.0f} s ({pays}) |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
