@@ -366,6 +366,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
                                     "(default: results/benchmarks/ensemble.json in the repository)")
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--profile", type=int, metavar="E", help="print where an ensemble step's time goes at E")
     ap.add_argument("--compare-full", action="store_true", help="3 full default runs, single vs one ensemble")
     ap.add_argument("--summarize", metavar="JSON", help="print the summary of measurements saved by an earlier run")

@@ -316,3 +316,21 @@ def test_members_on_the_device_of_their_runs():
     with one_thread():
         losses, norms = ens.train_step(cfgs[0].make_task())
     assert all(math.isfinite(x) for x in losses + norms)
+
+
+@pytest.mark.slow
+def test_the_benchmark_measures_in_a_child_process(tmp_path):
+    """``benchmarks/ensemble.py`` measures each trainer in a child process (``--child MODE N``):
+    the protocol its rounds depend on works end to end on a two-step ensemble."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(repo / "benchmarks" / "ensemble.py"), "--child", "ensemble", "2", "--steps", "2",
+           "--eval-every", "2", "--checkpoint-every", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["mode"] == "ensemble" and row["runs"] == 2 and row["status"] == ["done", "done"]
+    assert row["cpu_s"] > 0 and row["rss_mib"] > 0
