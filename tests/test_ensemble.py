@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from circuitfade.gating.evaluation import EVAL_CHUNK, evaluate_conditions
 from circuitfade.io import load_tensors
 from circuitfade.tasks import eval_set
 from circuitfade.train import RunConfig, TrainConfig, TrainingDiverged, fit, new_run, train
@@ -198,6 +199,38 @@ def test_train_ensemble_writes_what_the_single_trainer_writes(tmp_path):
         assert outs[i].final == outs[i].run.metrics[-1] and outs[i].final["step"] == 24
     again = train_ensemble(cfgs, [tmp_path / f"s{i}" for i in range(3)])  # finished single runs are reused
     assert [o.status for o in again] == [MemberStatus.CACHED] * 3
+
+
+@exact
+def test_evaluation_in_chunks_matches_the_single_trainer(tmp_path):
+    """Evaluation sets larger than one chunk (300 examples: chunks of 128, 128, 44) give the same
+    metrics.csv as the single trainer, for members whose conditions fall into different groups
+    (a fade: normal = param = half until it ends; learned gates; gates fixed at 0)."""
+    cfgs = dir_configs(eval_size=300, steps=10, extra_checkpoints=())
+    assert 300 > 2 * EVAL_CHUNK
+    outs = train_ensemble(cfgs, [tmp_path / f"e{i}" for i in range(3)])
+    assert [o.status for o in outs] == [MemberStatus.DONE] * 3
+    for i, c in enumerate(cfgs):
+        train(c, tmp_path / f"s{i}", progress=False)
+        assert (tmp_path / f"e{i}" / "metrics.csv").read_bytes() == (tmp_path / f"s{i}" / "metrics.csv").read_bytes()
+
+
+@exact
+def test_ensemble_evaluate_equals_evaluate_conditions_under_every_condition():
+    cfgs = dir_configs(eval_size=40)
+    runs = [new_run(c) for c in cfgs]
+    task = cfgs[0].make_task()
+    batch = eval_set(task, 40)
+    conditions = ["normal", "zero", {"pos": 0.0}, "param", "half", {"content": 0.25}]
+    with one_thread():
+        fit(runs[0], until=3, progress=False)  # members need not share weights, only a step
+        runs[0].step = 0
+        ens = Ensemble(runs)
+        got = ens.evaluate([2, 0], task, batch, conditions)
+        want = [evaluate_conditions(runs[i].model, task, batch, conditions) for i in (2, 0)]
+    assert got == want
+    assert list(got[0]) == list(want[0])  # the same columns in the same order
+    assert got[0]["acc_zero"] == got[0]["acc_normal"]  # forced_zero: its normal gates are 0
 
 
 @exact

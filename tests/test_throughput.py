@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -326,3 +328,24 @@ def test_gate_buffers_follow_the_schedule_when_unchanged_values_are_not_rewritte
         assert last == pytest.approx(expect)
         assert all(torch.allclose(g, torch.full_like(g, expect)) for g in model.gate_values("effective").values())
     assert len(writes) == 4  # 0.5 once, then 1/3, 1/6, 0 and nothing after
+
+
+@pytest.mark.slow
+def test_the_trainer_keeps_freed_memory_for_reuse_unless_told_not_to(tmp_path):
+    """keep_freed_memory sets glibc's mmap and trim thresholds once per process (the trainer calls
+    it); CIRCUITFADE_KEEP_HEAP=0 leaves the allocator alone. Checked in fresh processes, through
+    mallopt's own answer and by training one step."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    code = ("from circuitfade.model.devices import keep_freed_memory as k; "
+            "from circuitfade.train import RunConfig, TrainConfig, fit, new_run; "
+            "fit(new_run(RunConfig(train=TrainConfig(steps=1, eval_size=8))), progress=False); print(k(), k())")
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    for env, want in (({}, glibc), ({"CIRCUITFADE_KEEP_HEAP": "0"}, False)):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                             env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert out.returncode == 0, out.stderr[-1500:]
+        assert out.stdout.split() == [str(want)] * 2

@@ -100,25 +100,44 @@ def _gate_key(model, condition) -> tuple:
     return tuple((name, tuple(g[name].flatten().tolist())) for name in sorted(g))
 
 
+def condition_groups(model, conditions=CONDITIONS) -> list[list[int]]:
+    """Indices into ``conditions`` grouped by the gate values they put ``model``'s gates at
+    (first-seen order; the first index of each group is the one to evaluate). Conditions
+    other than ``"normal"`` are left out for a model without gates or priors."""
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(conditions):
+        if c != "normal" and (not has_gates(model) or not model.cfg.priors):
+            continue  # no priors: every gate condition is the "normal" model
+        key = _gate_key(model, c) if has_gates(model) and model.cfg.priors else ("normal",)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def conditions_row(conditions, metrics: list[dict | None]) -> dict[str, float]:
+    """``{f"{metric}_{condition}": value}`` in the order of ``conditions``; ``metrics[i]``: the
+    metrics under ``conditions[i]`` (``None``: not evaluated, left out)."""
+    out = {}
+    for c, m in zip(conditions, metrics):
+        for k, v in (m or {}).items():
+            out[f"{_SHORT.get(k, k)}_{c}"] = v
+    return out
+
+
 def evaluate_conditions(model, task: Task, batch: Batch, conditions=CONDITIONS) -> dict[str, float]:
     """Flat dict ``{f"{metric}_{condition}": value}`` over several conditions.
 
     Conditions that put the gates at the same values (for a scheduled path ``param``
     and ``half`` both mean 0.5; after a fade ``normal`` equals ``zero``) are the same
     model, so each distinct set of gate values is evaluated once and its metrics are
-    logged under every name that has it.
+    logged under every name that has it (:func:`condition_groups`).
     """
-    out = {}
-    done: dict[tuple, dict] = {}
-    for c in conditions:
-        if c != "normal" and (not has_gates(model) or not model.cfg.priors):
-            continue  # no priors: every gate condition is the "normal" model
-        key = _gate_key(model, c) if has_gates(model) and model.cfg.priors else ("normal",)
-        if key not in done:
-            done[key] = evaluate_batch(model, task, batch, c)
-        for k, v in done[key].items():
-            out[f"{_SHORT.get(k, k)}_{c}"] = v
-    return out
+    conditions = list(conditions)
+    metrics: list[dict | None] = [None] * len(conditions)
+    for group in condition_groups(model, conditions):
+        m = evaluate_batch(model, task, batch, conditions[group[0]])
+        for i in group:
+            metrics[i] = m
+    return conditions_row(conditions, metrics)
 
 
 _SHORT = {"accuracy": "acc"}

@@ -10,11 +10,15 @@ rounding: see the README's "Devices" notes).
 
 from __future__ import annotations
 
+import ctypes
+import os
 import re
+import sys
 
 import torch
 
-__all__ = ["DEVICES", "check_device_name", "resolve_device", "to_device"]
+__all__ = ["DEVICES", "check_device_name", "resolve_device", "to_device", "keep_freed_memory",
+           "KEEP_HEAP_ENV", "HEAP_MMAP_THRESHOLD", "HEAP_TRIM_THRESHOLD"]
 
 DEVICES = ("cpu", "cuda", "mps", "auto")
 _NAME = re.compile(r"^(cpu|cuda|mps|auto)(:\d+)?$")
@@ -76,3 +80,44 @@ def _is_hooked_transformer(model) -> bool:
     from transformer_lens import HookedTransformer
 
     return isinstance(model, HookedTransformer)
+
+
+KEEP_HEAP_ENV = "CIRCUITFADE_KEEP_HEAP"
+"""Set it to ``0`` to leave the C allocator's settings alone (see :func:`keep_freed_memory`)."""
+HEAP_MMAP_THRESHOLD = 32 * 2**20
+"""Blocks up to this size (bytes; glibc's largest allowed value) come from the heap, not fresh ``mmap`` s."""
+HEAP_TRIM_THRESHOLD = 512 * 2**20
+"""Free memory at the top of the heap beyond this many bytes is returned to the system."""
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
+_heap_kept: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Let the C allocator reuse freed tensor memory instead of returning it to the system
+    (glibc on Linux; elsewhere nothing is done). Returns whether the setting is in force.
+
+    Torch allocates CPU tensors with ``malloc``; glibc serves blocks above its mmap threshold
+    (128 KiB, raised on the fly up to the size of blocks freed) from fresh ``mmap`` s and
+    trims the heap when its top is free, so a loop that allocates and frees tensors of a few
+    MiB (an evaluation at batch 128, a stacked ensemble step) touches new pages every pass:
+    one page fault per 4 KiB, which costs microseconds each inside a virtual machine. With
+    ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` and ``mallopt(M_TRIM_THRESHOLD, 512 MiB)`` those
+    blocks are reused. The arithmetic is unchanged (same kernels, same results); the process
+    keeps up to :data:`HEAP_TRIM_THRESHOLD` of freed memory for reuse. The trainers
+    (:func:`~circuitfade.train.fit`, :func:`~circuitfade.train.ensemble.fit_ensemble`) call it
+    once per process; ``CIRCUITFADE_KEEP_HEAP=0`` turns it off.
+    """
+    global _heap_kept
+    if _heap_kept is not None:
+        return _heap_kept
+    _heap_kept = False
+    if os.environ.get(KEEP_HEAP_ENV, "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # no C library symbols here (static or unusual builds)
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    _heap_kept = mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD,
+                                                                                  HEAP_TRIM_THRESHOLD) == 1
+    return _heap_kept

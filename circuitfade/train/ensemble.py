@@ -12,8 +12,8 @@ update over every member's slices. Each member keeps everything its single run h
   and clipping norm;
 * its own AdamW state (torch's AdamW applied to the member's slices, so the maths is
   torch's, per member, including its per-parameter step counts);
-* its evaluation rows on the one evaluation set (each member is evaluated by
-  :func:`~circuitfade.train.loop.fit` on its own model, copied from the stack);
+* its evaluation rows on the one evaluation set (:meth:`Ensemble.evaluate`: the single
+  trainer's conditions, chunks and metrics, one stacked forward for all members);
 * its run directory, written by :mod:`~circuitfade.train.checkpoints` (weights, optimizer and
   RNG state, ``metrics.csv``, ``done.json`` / ``failed.json``), so ``attach``, ``trace``,
   resume, branch and sweep reuse see an ordinary run.
@@ -56,9 +56,10 @@ from torch.func import functional_call
 from torch.optim.adamw import adamw as adamw_step
 from tqdm import tqdm
 
+from circuitfade.gating.evaluation import EVAL_CHUNK, condition_groups, conditions_row, gate_condition
 from circuitfade.io import write_json
 from circuitfade.model import SoftPriorTransformer
-from circuitfade.model.devices import resolve_device
+from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.model.priors import BilinearContentBias, PriorInputs, RelativePositionBias
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
 from circuitfade.train.checkpoints import (
@@ -73,7 +74,7 @@ from circuitfade.train.checkpoints import (
 )
 from circuitfade.train.config import RunConfig, TrainingDiverged, is_checkpoint_step
 from circuitfade.train.lock import RunLocked, run_lock
-from circuitfade.train.loop import fit
+from circuitfade.train.loop import row_at_step
 from circuitfade.train.state import Run, new_run, one_thread
 
 __all__ = ["DEFAULT_MEMBERS", "default_ensemble_size", "ensemble_key", "ensemble_refusal", "StackedModel", "BatchedAdamW", "fit_ensemble", "train_ensemble",
@@ -144,6 +145,10 @@ def _member_inputs(inputs: PriorInputs, e: int) -> PriorInputs:
                        None if inputs.scores is None else inputs.scores[e], inputs.query_index)
 
 
+GateValues = Sequence[dict[str, Tensor]]
+"""Gate values per layer: ``values[layer][prior]`` is ``[E, head]`` (one row per member)."""
+
+
 class StackedModel:
     """E :class:`~circuitfade.model.SoftPriorTransformer` s of one shape as stacked tensors.
 
@@ -206,9 +211,13 @@ class StackedModel:
         params = {n: self.params[prefix + n] for n in names}
         return torch.func.vmap(lambda p, xe: functional_call(module, p, (xe,)))(params, x)
 
-    def gates(self, layer: int, zero: Bool[Tensor, "E"] | None) -> dict[str, Float[Tensor, "E head"]]:
+    def gates(self, layer: int, zero: Bool[Tensor, "E"] | None,
+              override: GateValues | None = None) -> dict[str, Float[Tensor, "E head"]]:
         """Effective gates of ``layer``: ``g[e] = sigmoid(logit[e])`` for a member whose gate is learned,
-        its buffer (fixed / scheduled) otherwise, and 0 where ``zero[e]``."""
+        its buffer (fixed / scheduled) otherwise, and 0 where ``zero[e]``; ``override[layer][prior]``
+        (``[E, head]``), when given, instead."""
+        if override is not None:
+            return dict(override[layer])
         out = {}
         for j, name in enumerate(self.cfg.priors):
             pre = f"blocks.{layer}.attn.gate_{name}"
@@ -234,7 +243,7 @@ class StackedModel:
     def attention(self, layer: int, x: Float[Tensor, "E batch pos d_model"],
                   token_embed: Float[Tensor, "E batch pos d_model"], causal: Float[Tensor, "pos pos"],
                   rows: Int[Tensor, "rows"] | None, zero: Bool[Tensor, "E"] | None,
-                  ) -> Float[Tensor, "E batch pos_or_rows d_model"]:
+                  override: GateValues | None = None) -> Float[Tensor, "E batch pos_or_rows d_model"]:
         """:meth:`SoftPriorAttention.forward_fused` with a member axis: per member and head,
         ``softmax(Q K^T / sqrt(d_head) + sum_p g_p B^p + causal) V W_O + b_O``, the low-rank priors
         as extra query-key columns, queries only at ``rows`` when given."""
@@ -269,7 +278,7 @@ class StackedModel:
         scores = (q @ k.transpose(-1, -2)) / scale if needs else None
         inputs = PriorInputs(token_embed, x, scores, query_index=rows)
         qs, ks, bias = [q / scale], [k], None
-        gates = self.gates(layer, zero)
+        gates = self.gates(layer, zero, override)
         for name, prior in attn.priors.items():
             g = gates[name].to(q.dtype).view(E, 1, H, 1, 1)
             ppre = pre + f"priors.{name}."
@@ -327,10 +336,12 @@ class StackedModel:
         return torch.stack(outs)
 
     def logits(self, x: Int[Tensor, "E batch pos"] | Float[Tensor, "E batch pos d_in"], rows: Int[Tensor, "rows"] | None,
-               zero: Bool[Tensor, "E"] | None = None) -> Float[Tensor, "E batch rows_or_pos d_vocab_out"]:
+               zero: Bool[Tensor, "E"] | None = None,
+               gates: GateValues | None = None) -> Float[Tensor, "E batch rows_or_pos d_vocab_out"]:
         """Float logits ``[E, batch, rows_or_pos, d_vocab_out]`` of inputs ``x [E, batch, pos]``
         (``[E, batch, pos, d_vocab]`` for real inputs); ``rows``: the query positions computed
-        in the last block (``None``: every position)."""
+        in the last block (``None``: every position); ``gates``: every gate's value per layer
+        (``gates[layer][prior]``: ``[E, head]``) in place of the members' own."""
         self._views = {}
         cfg = self.cfg
         n = x.shape[2]
@@ -343,7 +354,7 @@ class StackedModel:
         for i, block in enumerate(self.template.blocks):
             r = rows if i == last else None
             h = self._per_member(block.ln1, f"blocks.{i}.ln1.", resid)
-            attn_out = self.attention(i, h, embed, causal, r, zero)
+            attn_out = self.attention(i, h, embed, causal, r, zero, gates)
             resid = (resid if r is None else resid[:, :, r]) + attn_out
             if not cfg.attn_only:
                 resid = resid + self._per_member(block.mlp, f"blocks.{i}.mlp.",
@@ -506,6 +517,15 @@ def _answer_rows(batches: Sequence[Batch], n: int, last_needs_scores: bool) -> T
     return rows
 
 
+def _all_positions(logits: Float[Tensor, "batch rows d_vocab_out"], rows: Tensor | None,
+                   n: int) -> Float[Tensor, "batch pos d_vocab_out"]:
+    """Logits at every position, as the single model returns them: NaN where only ``rows`` were computed."""
+    if rows is None:
+        return logits
+    full = logits.new_full((logits.shape[0], n, logits.shape[-1]), float("nan"))
+    return full.index_copy(1, rows, logits)
+
+
 def _check_inputs(model: SoftPriorTransformer, x: Tensor) -> None:
     """The single model's input checks, once for the stacked inputs ``[E, batch, pos(, d_vocab)]``."""
     cfg = model.cfg
@@ -630,15 +650,60 @@ class Ensemble:
                 zero: Tensor | None) -> list[Tensor]:
         """Each member's task loss on its batch, from logits laid out as the single model returns them."""
         logits = self.model.logits(x, rows, zero)
-        out = []
-        n = x.shape[2]
-        for s, b in enumerate(batches):
-            lg = logits[s]
-            if rows is not None:  # only those positions were computed; NaN elsewhere (as the single model)
-                full = lg.new_full((lg.shape[0], n, lg.shape[-1]), float("nan"))
-                lg = full.index_copy(1, rows, lg)
-            out.append(task.loss(lg, b))
-        return out
+        return [task.loss(_all_positions(logits[s], rows, x.shape[2]), b) for s, b in enumerate(batches)]
+
+    @torch.no_grad()
+    def evaluate(self, slots: Sequence[int], task: Task, batch: Batch, conditions: Sequence) -> list[dict[str, float]]:
+        """:func:`~circuitfade.gating.evaluate_conditions` of the members in ``slots`` on ``batch``,
+        with one stacked forward per distinct condition and chunk of
+        :data:`~circuitfade.gating.evaluation.EVAL_CHUNK` examples (as the single model chunks).
+
+        Each member's gate values under a condition are read from its single model (copied from
+        the stack first), so the conditions mean exactly what they mean there; a condition is
+        evaluated when some member in ``slots`` has a new set of gate values under it
+        (:func:`~circuitfade.gating.evaluation.condition_groups`). The stack's gate buffers must hold
+        the values to evaluate at (the trainer sets them for the step)."""
+        models = []
+        for s, i in enumerate(self.active):
+            self.model.copy_to(s, self.runs[i].model)
+            models.append(self.runs[i].model)
+        conditions = list(conditions)
+        groups = {s: condition_groups(models[s], conditions) for s in slots}
+        metrics: dict[int, list[dict | None]] = {s: [None] * len(conditions) for s in slots}
+        for ci, c in enumerate(conditions):
+            due = [(s, g) for s in slots for g in groups[s] if g[0] == ci]
+            if not due:
+                continue
+            values = self._metrics(models, c, task, batch)
+            for s, g in due:
+                for i in g:
+                    metrics[s][i] = values[s]
+        return [conditions_row(conditions, metrics[s]) for s in slots]
+
+    def _metrics(self, models: Sequence[SoftPriorTransformer], condition, task: Task, batch: Batch) -> list[dict]:
+        """``task.metrics`` of every member on ``batch`` with its gates under ``condition``."""
+        override: list[dict[str, Tensor]] = []
+        for layer in range(self.model.cfg.n_layers):
+            per_prior = {}
+            for name in self.model.cfg.priors:
+                vals = []
+                for m in models:
+                    with gate_condition(m, condition):
+                        vals.append(m.blocks[layer].attn.gate(name).detach())
+                per_prior[name] = torch.stack(vals)
+            override.append(per_prior)
+        E = len(models)
+        needs = any(p.needs_scores for p in self.model.template.blocks[-1].attn.priors.values())
+        chunks: list[list[Tensor]] = [[] for _ in models]
+        for start in range(0, len(batch), EVAL_CHUNK):
+            part = batch if len(batch) <= EVAL_CHUNK else batch[start:start + EVAL_CHUNK]
+            x = part.model_input
+            n = x.shape[1]
+            rows = _answer_rows([part], n, needs)
+            logits = self.model.logits(x.unsqueeze(0).expand(E, *x.shape), rows, gates=override)
+            for s in range(E):
+                chunks[s].append(_all_positions(logits[s], rows, n))
+        return [task.metrics(c[0] if len(c) == 1 else torch.cat(c), batch) for c in chunks]
 
     def _clip(self, grads: dict[str, tuple[Tensor, ...]], has_grad: dict[str, list[bool]]) -> Tensor:
         """Clip each member's gradients to its ``grad_clip`` (:func:`~circuitfade.train.optim.clip_grad_norm`'s
@@ -693,22 +758,30 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
     if isinstance(until, bool) or not isinstance(until, int) or not step0 <= until <= tc.steps:
         raise ValueError(f"fit_ensemble(until={until!r}): expected an integer step in [{step0} (the runs' step), "
                          f"{tc.steps} (config.train.steps)]")
+    keep_freed_memory()
     ens = Ensemble(runs)
     task = task if task is not None else runs[0].config.make_task()
     eval_batch = eval_batch if eval_batch is not None else eval_set(task, n=tc.eval_size, seed=EVAL_SEED)
     errors: list[TrainingDiverged | None] = [None] * len(runs)
     starts = [int((r.config.parent or {}).get("step", 0)) for r in runs]
 
-    def record(slot: int, loss_value: float) -> None:
-        i = ens.active[slot]
-        run = ens.sync(slot, optimizer=False)
-        fit(run, until=run.step, task=task, eval_batch=eval_batch, progress=False)  # appends the evaluation row
-        ens.model.copy_buffers_from(slot, run.model)  # fit set the gates for this step, as the single loop does
-        run.metrics[-1]["train_loss"] = loss_value
-        if run_dirs[i] is not None:
-            write_metrics(run_dirs[i], run.metrics)
-        if logger is not None:
-            logger(i, run.step, dict(run.metrics[-1]))
+    def record(slots: Sequence[int], loss_values: Sequence[float]) -> None:
+        """Each member's evaluation row at its step (the single trainer's row; evaluated together)."""
+        rows = []
+        for slot, lv in zip(slots, loss_values):
+            run = ens.sync(slot, optimizer=False)
+            rows.append(row_at_step(run, lv))  # sets the gates for this step, as the single loop does
+            ens.model.copy_buffers_from(slot, run.model)
+        evaluations = ens.evaluate(slots, task, eval_batch, tc.eval_conditions)
+        for slot, row, ev in zip(slots, rows, evaluations):
+            i = ens.active[slot]
+            run = ens.runs[i]
+            row.update(ev)
+            run.metrics.append(row)
+            if run_dirs[i] is not None:
+                write_metrics(run_dirs[i], run.metrics)
+            if logger is not None:
+                logger(i, run.step, dict(row))
 
     def checkpoint(slots: Sequence[int]) -> list[int]:
         """Checkpoint the members due at this step; returns the slots whose weights are not finite."""
@@ -730,10 +803,10 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
         return bad
 
     with one_thread():
-        for s, run in enumerate(runs):
-            if not run.metrics or run.metrics[-1]["step"] < run.step:
-                if run.step % tc.eval_every == 0 or run.step == until:
-                    record(s, float("nan"))
+        due = [s for s, run in enumerate(runs) if (not run.metrics or run.metrics[-1]["step"] < run.step)
+               and (run.step % tc.eval_every == 0 or run.step == until)]
+        if due:
+            record(due, [float("nan")] * len(due))
         bad = checkpoint(range(len(runs)))
         if bad:
             ens.drop(bad)
@@ -754,8 +827,7 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
                 step = ens.step_now if ok else None
                 bar.update(1)
                 if step is not None and (step % tc.eval_every == 0 or step == until):
-                    for s in ok:
-                        record(s, lvs[s])
+                    record(ok, [lvs[s] for s in ok])
                 bad = checkpoint(ok) if step is not None else []
                 if failed or bad:
                     ens.drop(failed + bad)

@@ -42,7 +42,7 @@ from circuitfade.gating.evaluation import answer_logits, evaluate_conditions
 from circuitfade.gating.paths import GatePath
 from circuitfade.io import CheckpointError, read_json, write_json
 from circuitfade.model import SoftPriorTransformer
-from circuitfade.model.devices import resolve_device
+from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
 from circuitfade.train.checkpoints import (
     CKPT_DIR,
@@ -61,7 +61,7 @@ from circuitfade.train.lock import run_lock
 from circuitfade.train.optim import clip_grad_norm
 from circuitfade.train.state import Run, new_run, one_thread
 
-__all__ = ["train", "fit", "branch", "branch_config", "Sampler", "Logger"]
+__all__ = ["train", "fit", "branch", "branch_config", "row_at_step", "Sampler", "Logger"]
 
 
 def _set_gates_for_step(model: SoftPriorTransformer, path: GatePath, step: int, last: float | None = None) -> float | None:
@@ -77,6 +77,16 @@ def _set_gates_for_step(model: SoftPriorTransformer, path: GatePath, step: int, 
 
 def _gate_summary(model: SoftPriorTransformer) -> dict:
     return {f"gate_{p}": float(g.mean()) for p, g in model.gate_values("effective").items()}
+
+
+def row_at_step(run: Run, loss_value: float) -> dict:
+    """Set ``run``'s fixed / scheduled gates to its gate path's value at ``run.step`` (as the
+    trainer evaluates) and return the start of its ``metrics.csv`` row at that step: ``step``,
+    the mean effective gate per prior, the data mix and ``train_loss``. The evaluation's
+    metrics (:func:`~circuitfade.gating.evaluate_conditions`) complete the row."""
+    model, cfg = run.model, run.config
+    _set_gates_for_step(model, cfg.gate_path(), run.step)
+    return {"step": run.step, **_gate_summary(model), **cfg.mix_at(run.step), "train_loss": loss_value}
 
 
 Sampler = Callable[[int, torch.Generator], Batch]
@@ -120,6 +130,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
         task = cfg.make_task()
     if eval_batch is None:
         eval_batch = eval_set(task, n=tc.eval_size, seed=EVAL_SEED)
+    keep_freed_memory()  # evaluation passes otherwise fault in fresh pages every time (same results)
     path = cfg.gate_path()
     ckpt_start = int((cfg.parent or {}).get("step", 0))
     priors = model.cfg.priors
@@ -127,8 +138,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
     eval_batch = eval_batch.to(device) if device.type != "cpu" else eval_batch
 
     def record(loss_value: float) -> None:
-        _set_gates_for_step(model, path, run.step)
-        row = {"step": run.step, **_gate_summary(model), **cfg.mix_at(run.step), "train_loss": loss_value}
+        row = row_at_step(run, loss_value)
         row.update(evaluate_conditions(model, task, eval_batch, tc.eval_conditions))
         run.metrics.append(row)
         if run_dir is not None:
