@@ -2,7 +2,8 @@
 
 Each measurement is a fresh process with one torch thread that trains real runs into a
 temporary folder (checkpoints, metrics and evaluations included): the sequential trainer
-trains one run (:func:`circuitfade.train.train`), the ensemble trainer trains E runs together
+trains ``--sequential-runs`` runs one after another (:func:`circuitfade.train.train`, as a sweep
+worker does; more than one run makes the denominator of every ratio less noisy), the ensemble trainer trains E runs together
 (:func:`circuitfade.train.ensemble.train_ensemble`, E = 1, 4, 16, 64 by default; seeds 0..E-1,
 the default model, task and gate path, ``--steps`` steps with an evaluation every
 ``--eval-every`` steps and a checkpoint every ``--checkpoint-every``). The process measures
@@ -13,7 +14,7 @@ The measurements interleave round by round (sequential, E = 1, 4, 16 in turn, ``
 times; the largest E, which takes longest, in ``--big-rounds`` rounds), so a loaded machine
 slows all of them alike. For each round and E, the ratio is
 
-    ratio(E) = (E / ensemble seconds) / (1 / sequential seconds of the same round)
+    ratio(E) = (E / ensemble seconds) / (runs / sequential seconds of the same round)
 
 (runs per hour of the ensemble over runs per hour of the sequential trainer), on wall time
 and on CPU time; the median over rounds is reported. The default ensemble size for the
@@ -236,7 +237,8 @@ def bench_markdown(res: dict) -> str:
     seq, kind = res["sequential"], res["device"].split(":")[0]
     lines = [f"`{res['command'].strip()}` on {res['device']} ({res['cpus']} cores, one torch thread per process): the "
              f"base model, `fade600->0`, {res['steps']} steps (evaluation every {res['eval_every']}, checkpoint every "
-             f"{res['checkpoint_every']}); medians over rounds.", "",
+             f"{res['checkpoint_every']}); the sequential trainer trains {res.get('sequential_runs', 1)} run(s) per round; "
+             "medians over rounds.", "",
              "| trainer | runs/hour (wall) | runs/hour (CPU) | ratio (wall) | ratio (CPU) | peak RSS | rounds |",
              "|---|---|---|---|---|---|---|",
              f"| sequential | {seq['runs_per_hour_wall']:.0f} | {seq['runs_per_hour_cpu']:.0f} | 1 | 1 | "
@@ -273,11 +275,17 @@ def bench_figure(res: dict, stem: Path) -> None:
     fig.add_hline(y=1.0, line={"color": "grey", "dash": "dash"}, annotation_text="sequential trainer")
     ceiling = (res.get("step_costs") or {}).get("ceiling_at_64")
     if ceiling:
-        fig.add_hline(y=ceiling, line={"color": "firebrick", "dash": "dash"},
+        fig.add_hline(y=ceiling, line={"color": "firebrick", "dash": "dash"}, annotation_position="bottom left",
                       annotation_text=f"ceiling from the fixed part of a step ({ceiling:.2f}x)")
+    fig.add_hline(y=TARGET, line={"color": "seagreen", "dash": "dot"}, annotation_position="top left",
+                  annotation_text=f"target at E = 16 ({TARGET}x)")
+    labels = [f"{n}<br>({res['ensemble'][str(n)]['rounds']} round{'s' if res['ensemble'][str(n)]['rounds'] > 1 else ''})"
+              for n in sizes]
     fig.update_layout(title=f"Runs per hour of the ensemble trainer relative to the sequential one ({res['device']}, "
-                            "one thread)", xaxis={"title": "ensemble size E", "type": "log", "tickvals": sizes},
-                      yaxis={"title": "runs/hour ratio", "rangemode": "tozero"}, template="plotly_white",
+                            "one thread)", xaxis={"title": "ensemble size E", "type": "log", "tickvals": sizes,
+                                                  "ticktext": labels},
+                      yaxis={"title": "runs/hour ratio", "range": [0, max(1.75, 1.1 * max(
+                          max(e["ratio_cpu"], e["ratio_wall"]) for e in res["ensemble"].values()))]}, template="plotly_white",
                       legend={"orientation": "h", "y": -0.25}, height=450)
     save_figure(fig, stem)
 
@@ -292,6 +300,9 @@ def write_outputs(out: Path, result: dict, markdown: str) -> None:
     print(f"wrote {out} and {out.with_suffix('.md').name}")
 
 
+TARGET = 1.5
+"""Runs per hour the ensemble trainer should reach at E = 16 on a CPU, relative to the sequential trainer."""
+
 TOLERANCE = 0.05
 """The default E is the smallest E whose median ratio is within this fraction of the best one
 (more members cost memory and make fewer, larger jobs for the same gain)."""
@@ -303,8 +314,8 @@ def summarize(rows: list[dict], sizes: list[int], args: argparse.Namespace) -> d
     summary = {}
     for n in sizes:
         ms = [m for m in rows if m["mode"] == "ensemble" and m["runs"] == n]
-        ratio_wall = [n * seq[m["round"]]["wall_s"] / m["wall_s"] for m in ms]
-        ratio_cpu = [n * seq[m["round"]]["cpu_s"] / m["cpu_s"] for m in ms]
+        ratio_wall = [n * seq[m["round"]]["wall_s"] / seq[m["round"]]["runs"] / m["wall_s"] for m in ms]
+        ratio_cpu = [n * seq[m["round"]]["cpu_s"] / seq[m["round"]]["runs"] / m["cpu_s"] for m in ms]
         summary[n] = {
             "rounds": len(ms),
             "runs_per_hour_wall": statistics.median(3600 * n / m["wall_s"] for m in ms),
@@ -314,8 +325,8 @@ def summarize(rows: list[dict], sizes: list[int], args: argparse.Namespace) -> d
             "rss_mib": statistics.median(m["rss_mib"] for m in ms),
             "gpu_mib": ms[0]["gpu_mib"],
         }
-    seq_rph_wall = statistics.median(3600 / m["wall_s"] for m in seq.values())
-    seq_rph_cpu = statistics.median(3600 / m["cpu_s"] for m in seq.values())
+    seq_rph_wall = statistics.median(3600 * m["runs"] / m["wall_s"] for m in seq.values())
+    seq_rph_cpu = statistics.median(3600 * m["runs"] / m["cpu_s"] for m in seq.values())
     seq_rss = statistics.median(m["rss_mib"] for m in seq.values())
     costs = [m for m in rows if m["mode"] == "step_costs"]
     med = {k: statistics.median(m[k] for m in costs) for k in ("fixed_ms", "per_example_ms", "ceiling_at_64",
@@ -349,6 +360,7 @@ def summarize(rows: list[dict], sizes: list[int], args: argparse.Namespace) -> d
     return {
         "device": args.device, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
         "steps": args.steps, "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every,
+        "sequential_runs": max(m["runs"] for m in seq.values()),
         "sequential": {"runs_per_hour_wall": seq_rph_wall, "runs_per_hour_cpu": seq_rph_cpu, "rss_mib": seq_rss},
         "ensemble": {str(n): s for n, s in summary.items()}, "step_costs": med,
         "default_members": {kind: best}, "tolerance": TOLERANCE, "measurements": rows,
@@ -363,6 +375,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-rounds", type=int, default=1, help="rounds for the largest E (default %(default)s)")
     ap.add_argument("--sizes", default="1,4,16,64", help="ensemble sizes E (comma-separated)")
+    ap.add_argument("--sequential-runs", type=int, default=2,
+                    help="runs the sequential trainer trains per round, one after another (default %(default)s)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
                                     "(default: results/benchmarks/ensemble.json in the repository)")
@@ -372,8 +386,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--summarize", metavar="JSON", help="print the summary of measurements saved by an earlier run")
     args = ap.parse_args(argv)
     args.out = args.out or str(REPO / "results" / "benchmarks" / "ensemble.json")
-    if min(args.steps, args.eval_every, args.checkpoint_every, args.rounds, args.big_rounds) < 1:
-        raise SystemExit("--steps, --eval-every, --checkpoint-every, --rounds and --big-rounds must be >= 1")
+    if min(args.steps, args.eval_every, args.checkpoint_every, args.rounds, args.big_rounds, args.sequential_runs) < 1:
+        raise SystemExit("--steps, --eval-every, --checkpoint-every, --rounds, --big-rounds and --sequential-runs "
+                         "must be >= 1")
     if args.child:
         mode, n = args.child[0], int(args.child[1])
         print(json.dumps(step_costs(n) if mode == "step_costs" else child(mode, n, args)))
@@ -404,7 +419,7 @@ def main(argv=None) -> dict:
     rows: list[dict] = []
     t0 = time.time()
     for r in range(max(args.rounds, args.big_rounds)):
-        plan = [("sequential", 1)] + [("ensemble", n) for n in sizes if n != big and r < args.rounds]
+        plan = [("sequential", args.sequential_runs)] + [("ensemble", n) for n in sizes if n != big and r < args.rounds]
         plan.append(("step_costs", max([n for n in sizes if n <= 16] or [sizes[0]])))
         if big is not None and r < args.big_rounds:
             plan.append(("ensemble", big))
@@ -422,7 +437,7 @@ def main(argv=None) -> dict:
                       + "/".join(f"{v:.1f}" for v in m["ensemble_ms_per_run_step"].values())
                       + f" = {m['ensemble_fixed_ms']:.1f} + {m['ensemble_per_example_ms']:.3f}", flush=True)
                 continue
-            print(f"round {r}: {mode:10s} E={n:<4d} wall {m['wall_s']:7.1f} s  cpu {m['cpu_s']:7.1f} s  "
+            print(f"round {r}: {mode:10s} {'runs' if mode == 'sequential' else 'E'}={n:<4d} wall {m['wall_s']:7.1f} s  cpu {m['cpu_s']:7.1f} s  "
                   f"peak RSS {m['rss_mib']:6.0f} MiB", flush=True)
     result = summarize(rows, sizes, args)
     result["command"] = "python benchmarks/ensemble.py " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -322,6 +322,9 @@ def test_what_members_share_and_what_cannot_be_a_member():
 
 def test_default_size_per_device():
     assert default_ensemble_size("cpu") == DEFAULT_MEMBERS["cpu"] >= 1
+    measured = json.loads((Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "ensemble.json").read_text())
+    for kind, e in measured["default_members"].items():  # the constant is the committed measurement, not a guess
+        assert DEFAULT_MEMBERS[kind] == e, f"DEFAULT_MEMBERS[{kind!r}] differs from results/benchmarks/ensemble.json"
     if not torch.cuda.is_available():
         assert default_ensemble_size("auto") == DEFAULT_MEMBERS["cpu"]
     assert math.isfinite(default_ensemble_size())

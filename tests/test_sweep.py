@@ -124,6 +124,14 @@ def test_plan_jobs_groups_runs_by_shape_and_budget(tmp_path):
         assert len({c.train.steps for c, _ in j}) == 1
     with pytest.raises(ValueError, match="ensemble_size"):
         plan_jobs(same, size=0)
+    # enough jobs for every worker: the largest ensembles are split (10 runs of one shape, 4 workers)
+    assert sorted(len(j) for j in plan_jobs(same, size=16, workers=1)) == [10]
+    assert sorted(len(j) for j in plan_jobs(same, size=16, workers=2)) == [5, 5]
+    assert sorted(len(j) for j in plan_jobs(same + longer, size=16, workers=4)) == [2, 3, 3, 4]
+    assert sorted(len(j) for j in plan_jobs(longer, size=16, workers=8)) == [1, 1]  # no ensemble below one member
+    assert sorted(len(j) for j in plan_jobs(same + branch, size=4, workers=2)) == [1, 3, 3, 4]  # already enough
+    with pytest.raises(ValueError, match="workers"):
+        plan_jobs(same, size=4, workers=0)
 
 
 @pytest.mark.slow

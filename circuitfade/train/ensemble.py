@@ -80,9 +80,11 @@ from circuitfade.train.state import Run, new_run, one_thread
 __all__ = ["DEFAULT_MEMBERS", "default_ensemble_size", "ensemble_key", "ensemble_refusal", "StackedModel", "BatchedAdamW", "fit_ensemble", "train_ensemble",
            "MemberStatus", "MemberOutcome", "Ensemble"]
 
-DEFAULT_MEMBERS = {"cpu": 4}
-"""Members per ensemble by device type, from ``benchmarks/ensemble.py`` (the E with the most runs per
-hour, one thread); devices not measured use the CPU figure."""
+DEFAULT_MEMBERS = {"cpu": 64}
+"""Most members per ensemble by device type, from ``benchmarks/ensemble.py`` (the smallest E within 5%
+of the most runs per hour, one thread; ``results/benchmarks/ensemble.json`` holds the measurement);
+devices not measured use the CPU figure. A sweep splits ensembles further so that every worker
+has one (:func:`~circuitfade.train.sweep.plan_jobs`)."""
 
 # training settings every member of an ensemble shares (the others are the member's own)
 _SHARED_TRAIN = ("steps", "batch_size", "eval_every", "eval_size", "eval_conditions", "dual_loss", "device")

@@ -119,12 +119,19 @@ def execute_ensemble(configs: Sequence[dict], run_dirs: Sequence[str]) -> list[d
             for o in outs]
 
 
-def plan_jobs(items: Sequence[tuple[RunConfig, Path]], size: int) -> list[list[tuple[RunConfig, Path]]]:
+def plan_jobs(items: Sequence[tuple[RunConfig, Path]], size: int, workers: int = 1) -> list[list[tuple[RunConfig, Path]]]:
     """The ensemble executor's jobs: runs that share :func:`~circuitfade.train.ensemble.ensemble_key`
     in groups of at most ``size`` (sweep order kept within a group); a run that cannot be a member,
-    or is already finished (``done.json``), is a job of its own (the single trainer)."""
+    or is already finished (``done.json``), is a job of its own (the single trainer).
+
+    A group becomes ``ceil(members / size)`` ensembles, members spread evenly over them; while
+    there are fewer jobs than ``workers``, the group with the most members per ensemble is split
+    once more, so no worker idles while another trains a large ensemble (one ensemble computes
+    with one thread)."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"ensemble_size must be a positive integer, got {size!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
     jobs: list[list[tuple[RunConfig, Path]]] = []
     groups: dict[str, list[tuple[RunConfig, Path]]] = {}
     for c, d in items:
@@ -132,10 +139,16 @@ def plan_jobs(items: Sequence[tuple[RunConfig, Path]], size: int) -> list[list[t
             jobs.append([(c, d)])
         else:
             groups.setdefault(ensemble_key(c), []).append((c, d))
-    for members in groups.values():
-        n = math.ceil(len(members) / size)  # as many jobs as needed, members spread evenly over them
+    members = list(groups.values())
+    splits = [math.ceil(len(m) / size) for m in members]
+    while members and len(jobs) + sum(splits) < workers:
+        g = max(range(len(members)), key=lambda i: len(members[i]) / splits[i])
+        if len(members[g]) <= splits[g]:
+            break  # every ensemble is down to one member
+        splits[g] += 1
+    for group, n in zip(members, splits):
         for k in range(n):
-            jobs.append(members[k::n])
+            jobs.append(group[k::n])
     return jobs
 
 
@@ -300,7 +313,7 @@ def _ensemble_pool(wave: list[tuple[RunConfig, Path]], workers: int, size: int |
     own worker dies is reported failed for every member, the other jobs finish)."""
     if size is None:
         size = default_ensemble_size(wave[0][0].train.device) if wave else 1
-    jobs = [[(c.to_dict(), str(d)) for c, d in job] for job in plan_jobs(wave, size)]
+    jobs = [[(c.to_dict(), str(d)) for c, d in job] for job in plan_jobs(wave, size, workers)]
     for _, rows in run_jobs(execute_plan, jobs, workers=workers, inline=False, on_lost=_lost_plan):
         for d, res in rows:
             yield Path(d), res
