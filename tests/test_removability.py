@@ -183,6 +183,11 @@ def test_persist_keeps_differing_runs_unless_forced(planted_root, tmp_path):
     assert R.persist([planted_root], dest, timing=timing, force=True)["copied"] == 1
     assert (dest / victim.name / "metrics.csv").read_text() == "step,acc_zero\n0,0.9\n"
     assert json.loads((dest / victim.name / "timing.json").read_text())["seconds"] == 123.0
+    # a member of an ensemble of 4 is charged a quarter of the ensemble's time
+    timing = pd.DataFrame({"run": [victim.name], "seconds": [100.0], "status": ["done"], "ensemble": [4]})
+    R.persist([planted_root], tmp_path / "fresh", timing=timing)
+    t = json.loads((tmp_path / "fresh" / victim.name / "timing.json").read_text())
+    assert t["seconds"] == 25.0 and t["source"] == "sweep (1/4 of an ensemble)"
 
 
 def test_outputs_not_overwritten_without_force(planted_root, tmp_path):

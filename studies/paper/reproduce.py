@@ -488,8 +488,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=DEFAULT_OUT,
                     help=f"output folder (default {DEFAULT_OUT}; runs are cached in OUT/runs)")
     ap.add_argument("--force", action="store_true", help="replace results.md and the tables if OUT has them")
-    ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
-                    help="local process pool, ensemble (runs of one shape as one stacked model), ray or serial")
+    ap.add_argument("--executor", choices=list(EXECUTORS), default="ensemble",
+                    help="ensemble (default: runs of one shape as stacked models, split over the workers; measured faster, members identical to their single runs), local process pool, ray or serial")
     ap.add_argument("--address", help="Ray cluster address (with --executor ray)")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--quick", action="store_true", help="360-step runs: minutes, for trying it out / CI")

@@ -239,8 +239,9 @@ def persist(roots: Iterable[str | Path], dest: str | Path, *, timing: pd.DataFra
             force: bool = False) -> dict:
     """Copy every finished map run under ``roots`` (``config.json``, ``metrics.csv``,
     ``done.json``; never checkpoints) into ``dest/<run>/``, plus ``timing.json``
-    (``seconds`` from ``timing`` - the sweep's result rows, columns ``run, seconds`` -
-    or else from the files' times: ``done.json`` minus ``config.json`` modification
+    (``seconds`` from ``timing`` - the sweep's result rows, columns ``run, seconds`` and, from
+    the ensemble executor, ``ensemble``: a member's seconds are its ensemble's divided by the
+    number of members, its share of the core time - or else from the files' times: ``done.json`` minus ``config.json`` modification
     time, i.e. the run's own wall time, resumes included).
 
     A run already in ``dest`` with different files is kept (counted in ``kept``)
@@ -252,7 +253,12 @@ def persist(roots: Iterable[str | Path], dest: str | Path, *, timing: pd.DataFra
     sweep_sec = {}
     if timing is not None and len(timing):
         ok = timing[timing.get("status", pd.Series("done", index=timing.index)).astype(str) == "done"]
-        sweep_sec = {str(r.run): float(r.seconds) for r in ok.itertuples() if not pd.isna(r.seconds)}
+        for r in ok.itertuples():
+            if pd.isna(r.seconds):
+                continue
+            n = getattr(r, "ensemble", 1)
+            n = 1 if pd.isna(n) else int(n)
+            sweep_sec[str(r.run)] = (float(r.seconds) / n, "sweep" if n == 1 else f"sweep (1/{n} of an ensemble)")
     for root in roots:
         for d in _run_dirs(Path(root)):
             if cell_of(_read_config(d)) is None:
@@ -275,10 +281,12 @@ def persist(roots: Iterable[str | Path], dest: str | Path, *, timing: pd.DataFra
             old = json.loads(tfile.read_text()) if tfile.is_file() else None
             start, end = (d / "config.json").stat().st_mtime, (d / "done.json").stat().st_mtime
             if d.name in sweep_sec:
-                new = {"seconds": sweep_sec[d.name], "source": "sweep", "start": start, "end": end}
+                sec, source = sweep_sec[d.name]
+                new = {"seconds": sec, "source": source, "start": start, "end": end}
             else:
                 new = {"seconds": end - start, "source": "file times", "start": start, "end": end}
-            if old is None or (old.get("source") != "sweep" and new["source"] == "sweep") or (force and not same):
+            from_sweep = new["source"].startswith("sweep")
+            if old is None or (not str(old.get("source", "")).startswith("sweep") and from_sweep) or (force and not same):
                 write_json(tfile, new)
     return counts
 
@@ -366,7 +374,8 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def wall_time(runs: pd.DataFrame) -> dict:
     """``{"runs", "core_seconds", "span_seconds", "sources"}``: the sum of per-run
-    seconds (each run's own wall time, one process each) and the span from the first run's start to the last
+    seconds (each run's own wall time, one process each; an ensemble member's share of its
+    ensemble's) and the span from the first run's start to the last
     run's end (the map's wall time with the workers it had)."""
     ok = runs.dropna(subset=["seconds"])
     span = float(runs.end.max() - runs.start.min()) if runs.start.notna().any() else math.nan
@@ -576,8 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seeds with an unforced run (default 0; none: give the flag alone)")
     ap.add_argument("--steps", type=int, nargs="+", default=list(_D["steps"]), help=f"budgets (default {_D['steps']})")
     ap.add_argument("--workers", type=int, help="parallel training runs (default: one per core)")
-    ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
-                    help="local process pool, ensemble (runs of one shape as one stacked model), ray or serial")
+    ap.add_argument("--executor", choices=list(EXECUTORS), default="ensemble",
+                    help="ensemble (default: runs of one shape as stacked models, split over the workers; measured faster, members identical to their single runs), local process pool, ray or serial")
     ap.add_argument("--timing", help="the sweep's result CSV (columns run, seconds, status) for per-run seconds")
     ap.add_argument("--continuation", action="store_true", help="also measure the continuation signal on the "
                     "runs' checkpoints (under --runs) and test it as a predictor")
