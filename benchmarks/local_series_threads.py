@@ -1,6 +1,6 @@
 """Torch threads vs speed for the local developing series' model (why `circuitfade local-series` pins 1).
 
-    python benchmarks/local_series_threads.py [--steps 300] [--rounds 2]
+    python benchmarks/local_series_threads.py [--steps 300] [--rounds 2] [--out results/benchmarks/local_series_threads.json]
 
 Trains ``local_run_config(steps)`` in memory with 1 and with 2 torch threads,
 interleaved (1, 2, 1, 2, ...), and prints every time and the median ratio, measured
@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from circuitfade.train.recipes import local_run_config
 from circuitfade.train import loop
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def once(steps: int, threads: int) -> float:
@@ -41,14 +45,31 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
+                                    "(default: results/benchmarks/local_series_threads.json in the repository)")
     ns = ap.parse_args(argv)
+    if ns.steps < 1 or ns.rounds < 1:
+        raise SystemExit("--steps and --rounds must be >= 1")
+    out = Path(ns.out or REPO / "results" / "benchmarks" / "local_series_threads.json")
     times = {1: [], 2: []}
     for _ in range(ns.rounds):
         for th in (1, 2):
             times[th].append(once(ns.steps, th))
     for th, ts in times.items():
         print(f"{th} thread(s): " + ", ".join(f"{t:.1f} s" for t in ts) + f" ({ns.steps} steps each)")
-    print(f"median ratio 2 threads / 1 thread: {statistics.median(times[2]) / statistics.median(times[1]):.2f}")
+    ratio = statistics.median(times[2]) / statistics.median(times[1])
+    print(f"median ratio 2 threads / 1 thread: {ratio:.2f}")
+    command = ("python benchmarks/local_series_threads.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    from circuitfade.io import write_json, write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, {"command": command, "steps": ns.steps, "rounds": ns.rounds, "seconds": times, "ratio": ratio})
+    write_text(out.with_suffix(".md"), (
+        f"`{command}` (training steps only, no evaluation; {ns.steps} steps per measurement, rounds interleaved): "
+        + "; ".join(f"{th} thread{'s' if th > 1 else ''}: " + ", ".join(f"{t:.1f} s" for t in ts) for th, ts in times.items())
+        + f". Median ratio 2 threads / 1 thread: **{ratio:.2f}**"
+        + (" (a second thread is slower)." if ratio > 1 else " (a second thread is faster).") + "\n"))
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
     return 0
 
 

@@ -12,6 +12,9 @@ wall times, the ratio baseline / this code (> 1: this code is faster), the
 implied runs per hour, and the median peak memory.
 
     python benchmarks/runs_per_hour.py [--baseline 4932890] [--pairs 3] [--steps 3600] [--path fade600->0]
+                                       [--out results/benchmarks/runs_per_hour.json]
+
+Every figure is written to ``--out`` (JSON) and the table the docs include beside it (``.md``).
 """
 
 from __future__ import annotations
@@ -57,7 +60,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--path", default="fade600->0", help="gate path of the run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--python", default=sys.executable, help="interpreter for both trees")
+    ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
+                                    "(default: results/benchmarks/runs_per_hour.json in the repository)")
     args = ap.parse_args(argv)
+    args.out = args.out or str(REPO / "results" / "benchmarks" / "runs_per_hour.json")
     if args.pairs < 1 or args.steps < 1:
         raise SystemExit("--pairs and --steps must be >= 1")
     with tempfile.TemporaryDirectory(prefix="runs_per_hour_") as tmp:
@@ -92,7 +98,51 @@ def main(argv=None) -> dict:
     print(f"  speed-up baseline/current: ratio of medians {med['baseline'] / med['current']:.2f}, "
           f"median of pair ratios {statistics.median(pair_ratios):.2f} "
           f"(pairs: {', '.join(f'{r:.2f}' for r in pair_ratios)}; target >= 1.6 on full-length runs)")
-    return {"median_s": med, "peak_rss_mib": rss, "pair_ratios": pair_ratios, "runs": results}
+    command = "python benchmarks/runs_per_hour.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = {"command": command.strip(), "baseline": args.baseline, "steps": args.steps, "path": args.path,
+              "seed": args.seed, "median_s": med, "peak_rss_mib": rss, "pair_ratios": pair_ratios,
+              "runs": {n: [{k: v for k, v in r.items() if k != "stdout"} for r in rs] for n, rs in results.items()}}
+    from circuitfade.io import write_json, write_text
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result)
+    write_text(out.with_suffix(".md"), markdown(result))
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    return result
+
+
+TARGET_SPEEDUP = 1.6
+"""Whole default runs per hour of this code over the previous release."""
+
+
+def markdown(res: dict) -> str:
+    """The table the docs include: wall time, runs per hour, speed-up, peak memory, final accuracies."""
+    med, rss, runs = res["median_s"], res["peak_rss_mib"], res["runs"]
+    ratio = statistics.median(res["pair_ratios"])
+    pairs = ", ".join(f"{r:.2f}" for r in res["pair_ratios"])
+
+    def walls(name: str) -> str:
+        return ", ".join(f"{r['wall_s']:.1f}" for r in runs[name])
+
+    def finals(name: str) -> str:
+        accs = {(r["acc_normal"], r["acc_zero"]) for r in runs[name]}
+        return " or ".join(f"{a:.3f} / {z:.3f}" for a, z in sorted(accs))
+
+    same = len({(r["acc_normal"], r["acc_zero"], r["loss_normal"]) for rs in runs.values() for r in rs}) == 1
+    met = "met" if ratio >= TARGET_SPEEDUP else "**not met**"
+    mem = "below" if rss["current"] < rss["baseline"] else "**not below**"
+    lines = [f"`{res['command']}` ({res['steps']} steps, `{res['path']}`, seed {res['seed']}; previous release "
+             f"`{res['baseline']}`):", "", "| | previous release | this code |", "|---|---|---|",
+             f"| wall time per run, median (runs) | {med['baseline']:.1f} s ({walls('baseline')}) | "
+             f"{med['current']:.1f} s ({walls('current')}) |",
+             f"| runs per hour (one process) | {3600 / med['baseline']:.1f} | {3600 / med['current']:.1f} |",
+             f"| speed-up, median of pair ratios (target ≥ {TARGET_SPEEDUP}) | | **{ratio:.2f}** (pairs {pairs}): {met} |",
+             f"| peak resident memory per run, median (target: below the previous release's) | "
+             f"{rss['baseline']:.0f} MiB | **{rss['current']:.0f} MiB**: {mem} |",
+             f"| final accuracy, gates as trained / zeroed | {finals('baseline')} | {finals('current')} |", "",
+             "Final metrics " + ("identical in every run of both trees." if same else "**differ** between runs or trees.")]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -259,8 +259,23 @@ def _run_with_progress(jobs: list[dict], totals: dict[str, int]) -> list[dict]:
     return results
 
 
+DEMO_MARK = "<!-- written by circuitfade demo -->"
+
+
+def _write_demo_summary(path: Path, lines: list[str]) -> None:
+    from circuitfade.io import write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, "\n".join([DEMO_MARK, *lines]) + "\n")
+
+
 def cmd_demo(ns: argparse.Namespace) -> int:
     from circuitfade.train import RunConfig, TrainConfig
+
+    summary = Path(ns.summary) if ns.summary else Path(ns.out) / "demo.md"
+    if summary.exists() and (not summary.is_file() or not summary.read_text(errors="replace").startswith(DEMO_MARK)):
+        raise SystemExit(f"circuitfade demo: {summary} exists and was not written by the demo; "
+                         "name another file with --summary")
 
     tc = TrainConfig(**_train_kwargs(ns, "steps"))
     ns.steps = tc.steps
@@ -275,11 +290,9 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     t0 = time.time()
     results = _run_with_progress(jobs, {p: ns.steps for p in paths})
     train_s = time.time() - t0
-    print()
-    print("| path | normal acc | zero-gate acc | gate at end |")
-    print("|---|---|---|---|")
-    for r in results:
-        print(f"| {r['path']} | {r['acc_normal']:.3f} | {r['acc_zero']:.3f} | {r['gate_pos']:.2f} |")
+    table = ["| path | accuracy, gates as trained | accuracy, gates zeroed | gate at end |", "|---|---|---|---|"]
+    table += [f"| {r['path']} | {r['acc_normal']:.3f} | {r['acc_zero']:.3f} | {r['gate_pos']:.2f} |" for r in results]
+    print("\n" + "\n".join(table))
     gate_end = results[1]["gate_pos"]
     if gate_end > 0:
         note = (f"the fade path's gate is still {gate_end:.2f} at step {ns.steps} (it reaches 0 at step 600 of a "
@@ -288,6 +301,11 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         note = "'normal' = gates as at the final step (0 for fade600->0, so normal = zero-gate there)"
     print(f"\ntraining: {train_s:.0f} s. {note}. The main paper's numbers and ours over seeds: "
           "docs/studies/paper.md.", flush=True)
+    command = "circuitfade demo" + "".join(f" {a}" for a in getattr(ns, "argv", []))
+    _write_demo_summary(summary, [f"`{command}` (seed {ns.seed}, {ns.steps} steps per run; the numbers are "
+                                  f"deterministic for the seed and this code; training took {train_s:.0f} s, the two "
+                                  "runs in parallel):", "", *table, "", f"{note[0].upper()}{note[1:]}."])
+    print(f"summary: {summary}")
     if not ns.no_report:
         import torch
 
@@ -377,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--steps", type=int, help="steps per run (default: TrainConfig's, 3600)")
     d.add_argument("--no-report", action="store_true", help="skip the HTML report of the fade run")
+    d.add_argument("--summary", help="markdown file for the table and the command (default OUT/demo.md; "
+                                     "a file the demo did not write is never replaced)")
     d.set_defaults(func=cmd_demo)
     ls = sub.add_parser("local-series", help="train the local developing series that `circuitfade screen` screens "
                                              "(no download; one torch thread, progress bar)")
@@ -399,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         return guarded(f"circuitfade {argv[0]}", lambda: getattr(importlib.import_module(module), func)(argv[1:]),
                        resume=None)
     ns = build_parser().parse_args(argv)
+    ns.argv = argv[1:]  # as typed, for the files that record their command
     return guarded(f"circuitfade {ns.command}", ns.func, ns)  # train, demo, local-series: they resume
 
 

@@ -54,3 +54,12 @@ def test_demo_shows_progress_for_both_runs(tmp_path, capfd):
     err = capfd.readouterr().err
     assert "unforced: 100%" in err and "fade600->0: 100%" in err and "10/10 steps" in err
     assert not (tmp_path / "fade600to0_report.html").exists()
+    # the table and the command, written for the docs to include; a file the demo did not write is kept
+    summary = (tmp_path / "demo.md").read_text()
+    assert f"`circuitfade demo --steps 10 --out {tmp_path} --no-report`" in summary
+    assert "| unforced |" in summary and "| fade600->0 |" in summary and "gate is still 0.50" in summary
+    mine = tmp_path / "mine.md"
+    mine.write_text("my notes\n")
+    with pytest.raises(SystemExit, match="not written by the demo"):
+        main(["demo", "--steps", "10", "--out", str(tmp_path), "--no-report", "--summary", str(mine)])
+    assert mine.read_text() == "my notes\n"

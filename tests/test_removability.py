@@ -271,5 +271,6 @@ def test_map_command_trains_a_tiny_cell(tmp_path):
     assert run_study("removability", args) == 0
     runs = pd.read_csv(tmp_path / "map" / "map.csv")
     assert sorted(runs.path) == ["fade600->0", "forced_zero", "unforced"] and set(runs.steps) == {30}
-    assert set(runs.seconds_source) == {"sweep"}
+    assert set(runs.seconds_source) == {"sweep (1/3 of an ensemble)"}  # --workers 1: one ensemble of three
+    assert "an ensemble member counting its share" in (tmp_path / "map" / "results.md").read_text()
     assert not any((tmp_path / "map" / "runs").rglob("*.safetensors"))

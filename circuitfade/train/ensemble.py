@@ -764,6 +764,8 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
     ens = Ensemble(runs)
     task = task if task is not None else runs[0].config.make_task()
     eval_batch = eval_batch if eval_batch is not None else eval_set(task, n=tc.eval_size, seed=EVAL_SEED)
+    if ens.model.device.type != "cpu":  # drawn on the CPU, evaluated where the stack is (as fit does)
+        eval_batch = eval_batch.to(ens.model.device)
     errors: list[TrainingDiverged | None] = [None] * len(runs)
     starts = [int((r.config.parent or {}).get("step", 0)) for r in runs]
 

@@ -527,11 +527,14 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
         lines += ["## Runs", "", _md(runs[["run", "model", "task", "path", "seed", "acc_zero", "se_zero",
                                            "acc_normal", "t50", "plateau", "seconds"]]), ""]
         per_model = runs.groupby("model", sort=False).seconds.mean() / 60
+        shared = "ensemble" in w["sources"]
         lines += [f"Wall time: {w['runs']} runs, {w['core_seconds'] / 60:.1f} run-minutes in total (the sum of each "
-                  f"run's own wall time; sources: {w['sources']}); first start to last end "
+                  f"run's own wall time{', an ensemble member counting its share of its ensemble' if shared else ''}; "
+                  f"sources: {w['sources']}); first start to last end "
                   f"{w['span_seconds'] / 60:.1f} min with the sweep's workers. Mean minutes per run: "
                   + ", ".join(f"{m} {v:.1f}" for m, v in per_model.items())
-                  + ". Each run had one process with one torch thread.", ""]
+                  + (". Each run, or each ensemble of runs trained together, had one process with one torch thread."
+                     if shared else ". Each run had one process with one torch thread."), ""]
     if problems:
         lines += ["## Runs not tabulated (unfinished or invalid)", ""] + [f"- {p}" for p in problems] + [""]
     if sig is not None and len(sig):
