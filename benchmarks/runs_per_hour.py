@@ -62,8 +62,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--python", default=sys.executable, help="interpreter for both trees")
     ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
                                     "(default: results/benchmarks/runs_per_hour.json in the repository)")
+    ap.add_argument("--render", metavar="JSON", help="only rewrite the markdown beside a saved JSON")
     args = ap.parse_args(argv)
     args.out = args.out or str(REPO / "results" / "benchmarks" / "runs_per_hour.json")
+    if args.render:
+        from circuitfade.io import write_text
+
+        saved = json.loads(Path(args.render).read_text())
+        write_text(Path(args.render).with_suffix(".md"), markdown(saved))
+        return saved
     if args.pairs < 1 or args.steps < 1:
         raise SystemExit("--pairs and --steps must be >= 1")
     with tempfile.TemporaryDirectory(prefix="runs_per_hour_") as tmp:
@@ -129,7 +136,9 @@ def markdown(res: dict) -> str:
         accs = {(r["acc_normal"], r["acc_zero"]) for r in runs[name]}
         return " or ".join(f"{a:.3f} / {z:.3f}" for a, z in sorted(accs))
 
-    same = len({(r["acc_normal"], r["acc_zero"], r["loss_normal"]) for rs in runs.values() for r in rs}) == 1
+    accs_same = len({(r["acc_normal"], r["acc_zero"]) for rs in runs.values() for r in rs}) == 1
+    within = all(len({r["loss_normal"] for r in rs}) == 1 for rs in runs.values())
+    across = max(abs(a["loss_normal"] - b["loss_normal"]) for a in runs["baseline"] for b in runs["current"])
     met = "met" if ratio >= TARGET_SPEEDUP else "**not met**"
     mem = "below" if rss["current"] < rss["baseline"] else "**not below**"
     lines = [f"`{res['command']}` ({res['steps']} steps, `{res['path']}`, seed {res['seed']}; previous release "
@@ -141,7 +150,10 @@ def markdown(res: dict) -> str:
              f"| peak resident memory per run, median (target: below the previous release's) | "
              f"{rss['baseline']:.0f} MiB | **{rss['current']:.0f} MiB**: {mem} |",
              f"| final accuracy, gates as trained / zeroed | {finals('baseline')} | {finals('current')} |", "",
-             "Final metrics " + ("identical in every run of both trees." if same else "**differ** between runs or trees.")]
+             ("Final accuracies identical in every run of both trees" if accs_same else
+              "Final accuracies **differ** between runs or trees")
+             + ("; final loss identical between runs of one tree" if within else "; final loss **differs** within a tree")
+             + (f", and {across:.1e} apart between the trees." if across else ", and between the trees.")]
     return "\n".join(lines) + "\n"
 
 

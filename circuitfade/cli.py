@@ -335,7 +335,7 @@ def cmd_local_series(ns: argparse.Namespace) -> int:
           f"into {ns.out}/, one torch thread (measured: 59 s idle, 189 s on a loaded 2-core machine; "
           "a finished run is reused)", flush=True)
     old = torch.get_num_threads()
-    torch.set_num_threads(1)  # more threads are slower for this small model (measured: README)
+    torch.set_num_threads(1)  # the series must not depend on the thread count (docs: Benchmarks, threads)
     t0 = time.time()
     try:
         build_local_series(ns.out, steps=steps, seed=ns.seed, progress=not ns.quiet)
