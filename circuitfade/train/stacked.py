@@ -1,0 +1,407 @@
+"""The stacked model and its optimizer: E models of one shape as ``[E, *shape]`` tensors.
+
+:class:`StackedModel` computes the single model's fused forward (answer-position rows included)
+with a leading member axis; :class:`BatchedAdamW` applies torch's AdamW to each member's slices
+with that member's settings. Both do, per member, what the single run's kernels do, so a
+member's loss, gradients and update equal its single run's bit for bit on the CPU (see
+:mod:`circuitfade.train.ensemble`, which trains with them, and ``tests/test_ensemble.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from torch.func import functional_call
+from torch.optim.adamw import adamw as adamw_step
+
+from circuitfade.model import SoftPriorTransformer
+from circuitfade.model.priors import BilinearContentBias, PriorInputs, RelativePositionBias
+
+__all__ = ["StackedModel", "BatchedAdamW", "GateValues"]
+
+# AdamW settings the batched update supports (anything else: the member is refused)
+_ADAMW_FIXED = {"amsgrad": False, "capturable": False, "differentiable": False, "decoupled_weight_decay": True}
+
+
+# ----------------------------------------------------------------------------------------------
+# the stacked model
+# ----------------------------------------------------------------------------------------------
+class _Factors(nn.Module):
+    """``prior.factors(inputs)`` as a module's forward (so ``functional_call`` can swap its weights)."""
+
+    def __init__(self, prior: nn.Module):
+        super().__init__()
+        self.prior = prior
+
+    def forward(self, inputs: PriorInputs):
+        return self.prior.factors(inputs)
+
+
+def _member_inputs(inputs: PriorInputs, e: int) -> PriorInputs:
+    return PriorInputs(inputs.token_embed[e], inputs.resid[e],
+                       None if inputs.scores is None else inputs.scores[e], inputs.query_index)
+
+
+GateValues = Sequence[dict[str, Tensor]]
+"""Gate values per layer: ``values[layer][prior]`` is ``[E, head]`` (one row per member)."""
+
+
+class StackedModel:
+    """E :class:`~circuitfade.model.SoftPriorTransformer` s of one shape as stacked tensors.
+
+    ``params[name]``: ``[E, *shape]`` leaf tensors (``name`` as in the single model's
+    ``named_parameters``); ``buffers[name]``: the gate-value buffers ``[E, head]``. The
+    forward is the single model's fused path (answer-position rows included) with a
+    leading member axis: :meth:`logits` maps tokens ``[E, batch, pos]`` to logits
+    ``[E, batch, len(rows), d_vocab_out]``. Each member's gates are its own: learned
+    (``sigmoid(logit)``), or its gate buffer (fixed / scheduled), or 0 where ``zero[e]``
+    (prior dropout, the dual loss's second pass).
+    """
+
+    def __init__(self, models: Sequence[SoftPriorTransformer], learned: Sequence[dict[str, bool]]):
+        if not models:
+            raise ValueError("StackedModel needs at least one model")
+        self.template = models[0]
+        self.cfg = self.template.cfg
+        self.E = len(models)
+        self.names = [n for n, _ in self.template.named_parameters()]
+        params = [dict(m.named_parameters()) for m in models]
+        buffers = [dict(m.named_buffers()) for m in models]
+        with torch.no_grad():
+            self.params: dict[str, Tensor] = {}
+            for n in self.names:
+                stacked = torch.stack([p[n].detach() for p in params]).clone()
+                self.params[n] = stacked.requires_grad_(any(p[n].requires_grad for p in params))
+            self.buffers: dict[str, Tensor] = {
+                n: torch.stack([b[n].detach() for b in buffers]).clone()
+                for n in buffers[0] if ".gate_" in n and n.endswith("_value")
+            }
+        priors = self.cfg.priors
+        self.learned = torch.tensor([[bool(lm[p]) for p in priors] for lm in learned],
+                                    dtype=torch.bool, device=self.device).reshape(self.E, len(priors))
+        self._views: dict[str, tuple[Tensor, ...]] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.template.W_E.device
+
+    # -- per-member helpers ------------------------------------------------------------------
+    def member_params(self, name: str) -> tuple[Tensor, ...]:
+        """The E members' slices of parameter ``name`` (differentiable views, made once per forward)."""
+        v = self._views.get(name)
+        if v is None:
+            v = self._views[name] = self.params[name].unbind(0)
+        return v
+
+    def _per_member(self, module: nn.Module, prefix: str, x: Tensor) -> Tensor:
+        """``module`` applied to each member's slice of ``x`` with that member's weights."""
+        names = [n for n, _ in module.named_parameters()]
+        if not names:
+            return module(x)  # no weights (LayerNormPre, Identity): the same function on every slice
+        xs = x.unbind(0)
+        if hasattr(module, "w") and hasattr(module, "b") and type(module).__name__ == "LayerNorm":
+            w, b = self.member_params(prefix + "w"), self.member_params(prefix + "b")
+            return torch.stack([F.layer_norm(xs[e], (xs[e].shape[-1],), w[e], b[e], module.eps)
+                                for e in range(self.E)])
+        # vmap, not a loop over members: each op then consumes the stacked input once, as the single
+        # model's op consumes its input, so autograd sums the input's gradients in the same order
+        params = {n: self.params[prefix + n] for n in names}
+        return torch.func.vmap(lambda p, xe: functional_call(module, p, (xe,)))(params, x)
+
+    def gates(self, layer: int, zero: Bool[Tensor, "E"] | None,
+              override: GateValues | None = None) -> dict[str, Float[Tensor, "E head"]]:
+        """Effective gates of ``layer``: ``g[e] = sigmoid(logit[e])`` for a member whose gate is learned,
+        its buffer (fixed / scheduled) otherwise, and 0 where ``zero[e]``; ``override[layer][prior]``
+        (``[E, head]``), when given, instead."""
+        if override is not None:
+            return dict(override[layer])
+        out = {}
+        for j, name in enumerate(self.cfg.priors):
+            pre = f"blocks.{layer}.attn.gate_{name}"
+            g = torch.where(self.learned[:, j, None], torch.sigmoid(self.params[pre + "_logit"]),
+                            self.buffers[pre + "_value"])
+            if zero is not None:
+                g = torch.where(zero[:, None], torch.zeros((), dtype=g.dtype, device=g.device), g)
+            out[name] = g
+        return out
+
+    # -- forward ---------------------------------------------------------------------------------
+    def embed(self, x: Int[Tensor, "E batch pos"] | Float[Tensor, "E batch pos d_in"]) -> Float[Tensor, "E batch pos d_model"]:
+        """Token embeddings ``W_E[e][x[e]]`` (real inputs: ``x[e] @ W_E[e]``)."""
+        E = self.E
+        if self.cfg.input_mode == "real":
+            W = self.params["embed.W_E"]  # [E, d_in, d_model]
+            return torch.bmm(x.reshape(E, -1, x.shape[-1]), W).view(*x.shape[:-1], W.shape[-1])
+        W = self.params["embed.W_E"]  # [E, d_vocab, d_model]
+        V = W.shape[1]
+        offset = (torch.arange(E, device=x.device) * V).view(E, 1, 1)
+        return W.reshape(E * V, W.shape[-1])[x + offset]  # [E, batch, pos, d_model]
+
+    def attention(self, layer: int, x: Float[Tensor, "E batch pos d_model"],
+                  token_embed: Float[Tensor, "E batch pos d_model"], causal: Float[Tensor, "pos pos"],
+                  rows: Int[Tensor, "rows"] | None, zero: Bool[Tensor, "E"] | None,
+                  override: GateValues | None = None) -> Float[Tensor, "E batch pos_or_rows d_model"]:
+        """:meth:`SoftPriorAttention.forward_fused` with a member axis: per member and head,
+        ``softmax(Q K^T / sqrt(d_head) + sum_p g_p B^p + causal) V W_O + b_O``, the low-rank priors
+        as extra query-key columns, queries only at ``rows`` when given."""
+        attn = self.template.blocks[layer].attn
+        pre = f"blocks.{layer}.attn."
+        P_ = self.params
+        E, B, P, D = x.shape
+        H, Dh = self.cfg.n_heads, self.cfg.d_head
+        if rows is None:
+            w = torch.stack([P_[pre + "W_Q"], P_[pre + "W_K"], P_[pre + "W_V"]], 1)  # [E, 3, head, d_model, d_head]
+            b = torch.stack([P_[pre + "b_Q"], P_[pre + "b_K"], P_[pre + "b_V"]], 1)  # [E, 3, head, d_head]
+            # x @ w + b in one kernel (bias added to the finished product: the single model's mm then add)
+            qkv = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, B * P, D),
+                                w.permute(0, 3, 1, 2, 4).reshape(E, D, 3 * H * Dh))
+            # unbind along the q/k/v axis (not a permute then unbind): the backward then stacks the three
+            # gradients straight into qkv's layout (one copy, not a stack and a strided reshape)
+            q, k, v = (t.transpose(2, 3) for t in qkv.view(E, B, P, 3, H, Dh).unbind(3))  # [E, batch, head, pos, d_head]
+            M = P
+        else:
+            w = torch.stack([P_[pre + "W_K"], P_[pre + "W_V"]], 1)
+            b = torch.stack([P_[pre + "b_K"], P_[pre + "b_V"]], 1)
+            kv = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, B * P, D),
+                               w.permute(0, 3, 1, 2, 4).reshape(E, D, 2 * H * Dh))
+            k, v = (t.transpose(2, 3) for t in kv.view(E, B, P, 2, H, Dh).unbind(3))
+            M = rows.numel()
+            xq = x[:, :, rows].reshape(E, B * M, D)
+            q = torch.baddbmm(P_[pre + "b_Q"].reshape(E, 1, -1), xq, P_[pre + "W_Q"].permute(0, 2, 1, 3).reshape(E, D, H * Dh))
+            q = q.view(E, B, M, H, Dh).transpose(2, 3)  # [E, batch, head, rows, d_head]
+            causal = causal[rows]
+        scale = attn.attn_scale
+        needs = any(p.needs_scores for p in attn.priors.values())
+        scores = (q @ k.transpose(-1, -2)) / scale if needs else None
+        inputs = PriorInputs(token_embed, x, scores, query_index=rows)
+        qs, ks, bias = [q / scale], [k], None
+        gates = self.gates(layer, zero, override)
+        for name, prior in attn.priors.items():
+            g = gates[name].to(q.dtype).view(E, 1, H, 1, 1)
+            ppre = pre + f"priors.{name}."
+            if type(prior) is BilinearContentBias:
+                ab = self._content_factors(prior, ppre, token_embed, rows)
+            elif type(prior) is RelativePositionBias:
+                ab = None
+            else:
+                ab = self._member_prior(prior, ppre, inputs, factors=True)
+            if ab is not None:
+                qs.append(ab[0] * g)
+                ks.append(ab[1])
+                continue
+            if type(prior) is RelativePositionBias:
+                index = prior.rel_index[:P, :P]
+                if rows is not None:
+                    index = index[rows]
+                term = P_[ppre + "pos_bias"][:, :, index].unsqueeze(1)  # [E, 1, head, rows, key_pos]
+            else:
+                term = self._member_prior(prior, ppre, inputs, factors=False)
+                if rows is not None and term.shape[-2] != M:
+                    term = term[..., rows, :]
+            bias = g * term if bias is None else bias + g * term
+        mask = causal if bias is None else bias + causal
+        if len(qs) > 1:
+            q, k = torch.cat(qs, -1), torch.cat(ks, -1)
+        else:
+            q = qs[0]
+        pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
+        z = (pattern @ v).transpose(2, 3).reshape(E, B * M, H * Dh)
+        W_O = P_[pre + "W_O"].flatten(1, 2)  # [E, head*d_head, d_model]
+        out = torch.baddbmm(P_[pre + "b_O"].unsqueeze(1), z, W_O)
+        return out.view(E, B, M, D)
+
+    def _content_factors(self, prior: BilinearContentBias, ppre: str, e: Tensor, rows: Tensor | None):
+        eq = e if rows is None else e[:, :, rows]
+        cq = torch.einsum("ebpd,ehdr->ebhpr", eq, self.params[ppre + "W_cq"]) * prior.scale
+        ck = torch.einsum("ebpd,ehdr->ebhpr", e, self.params[ppre + "W_ck"])
+        return cq, ck
+
+    def _member_prior(self, prior: nn.Module, ppre: str, inputs: PriorInputs, *, factors: bool):
+        """A prior the stack has no batched form for (the registered priors other than ``pos`` and
+        ``content``), called once per member with that member's weights and inputs. (A loop, not
+        ``vmap``: a vmapped ``nn.Linear`` inside a prior rounds differently from the single model.)"""
+        names = [n for n, _ in prior.named_parameters()]
+        views = {n: self.member_params(ppre + n) for n in names}
+        module = _Factors(prior) if factors else prior
+        key = "prior." if factors else ""
+        outs = [functional_call(module, {key + n: v[e] for n, v in views.items()}, (_member_inputs(inputs, e),))
+                for e in range(self.E)]
+        if factors:
+            if outs[0] is None:
+                return None
+            return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+        return torch.stack(outs)
+
+    def logits(self, x: Int[Tensor, "E batch pos"] | Float[Tensor, "E batch pos d_in"], rows: Int[Tensor, "rows"] | None,
+               zero: Bool[Tensor, "E"] | None = None,
+               gates: GateValues | None = None) -> Float[Tensor, "E batch rows_or_pos d_vocab_out"]:
+        """Float logits ``[E, batch, rows_or_pos, d_vocab_out]`` of inputs ``x [E, batch, pos]``
+        (``[E, batch, pos, d_vocab]`` for real inputs); ``rows``: the query positions computed
+        in the last block (``None``: every position); ``gates``: every gate's value per layer
+        (``gates[layer][prior]``: ``[E, head]``) in place of the members' own."""
+        self._views = {}
+        cfg = self.cfg
+        n = x.shape[2]
+        causal = torch.full((n, n), float("-inf"), device=x.device).triu(1)
+        embed = self.embed(x)
+        resid = embed
+        if cfg.positional_embedding_type in ("standard", "shortformer"):
+            resid = embed + self.params["pos_embed.W_pos"][:, None, :n]
+        last = cfg.n_layers - 1
+        for i, block in enumerate(self.template.blocks):
+            r = rows if i == last else None
+            h = self._per_member(block.ln1, f"blocks.{i}.ln1.", resid)
+            attn_out = self.attention(i, h, embed, causal, r, zero, gates)
+            resid = (resid if r is None else resid[:, :, r]) + attn_out
+            if not cfg.attn_only:
+                resid = resid + self._per_member(block.mlp, f"blocks.{i}.mlp.",
+                                                 self._per_member(block.ln2, f"blocks.{i}.ln2.", resid))
+        if cfg.normalization_type is not None:
+            resid = self._per_member(self.template.ln_final, "ln_final.", resid)
+        E, B, M, D = resid.shape
+        W_U = self.params["unembed.W_U"]
+        out = torch.baddbmm(self.params["unembed.b_U"].unsqueeze(1), resid.reshape(E, B * M, D), W_U)
+        self._views = {}
+        return out.view(E, B, M, W_U.shape[-1])
+
+    # -- members ------------------------------------------------------------------------------------
+    def copy_to(self, e: int, model: SoftPriorTransformer) -> None:
+        """Write member ``e``'s weights and gate buffers into ``model`` (a single model of the same shape)."""
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(self.params[n][e])
+            for n, b in model.named_buffers():
+                if n in self.buffers:
+                    b.copy_(self.buffers[n][e])
+
+    def copy_buffers_from(self, e: int, model: SoftPriorTransformer) -> None:
+        """Take ``model``'s gate buffers as member ``e``'s (after the trainer set them for an evaluation)."""
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in self.buffers:
+                    self.buffers[n][e].copy_(b)
+
+    def finite(self) -> Bool[Tensor, "E"]:
+        """Whether every weight of member e is finite."""
+        ok = torch.ones(self.E, dtype=torch.bool, device=self.device)
+        with torch.no_grad():
+            for p in self.params.values():
+                ok &= torch.isfinite(p).reshape(self.E, -1).all(1)
+        return ok
+
+    def keep(self, idx: Sequence[int]) -> None:
+        """Keep only members ``idx`` (in that order)."""
+        sel = torch.as_tensor(list(idx), dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            for n, p in self.params.items():
+                self.params[n] = p.detach().index_select(0, sel).clone().requires_grad_(p.requires_grad)
+            for n, b in self.buffers.items():
+                self.buffers[n] = b.index_select(0, sel).clone()
+        self.learned = self.learned.index_select(0, sel)
+        self.E = len(idx)
+
+
+# ----------------------------------------------------------------------------------------------
+# AdamW per member
+# ----------------------------------------------------------------------------------------------
+class BatchedAdamW:
+    """Torch's AdamW, applied to each member's slices with that member's settings.
+
+    State per parameter ``[E, *shape]`` (``exp_avg``, ``exp_avg_sq``) and per-parameter step
+    counts ``[E]``, exactly the state each member's ``torch.optim.AdamW`` would hold (a
+    parameter without a gradient at a step, e.g. a learned gate under prior dropout, is
+    skipped and its count not advanced, as torch does). :meth:`step` calls
+    ``torch.optim.adamw.adamw`` (the functional form of ``torch.optim.AdamW.step``) once per
+    group of members with equal settings, on the members' slices, so each member's update
+    is torch's own kernel on its own tensors.
+    """
+
+    def __init__(self, stacked: StackedModel, optimizers: Sequence[torch.optim.Optimizer],
+                 models: Sequence[SoftPriorTransformer]):
+        self.stacked = stacked
+        self.settings: list[dict] = []
+        for opt in optimizers:
+            if len(opt.param_groups) != 1:
+                raise ValueError("BatchedAdamW: each member's optimizer must have one parameter group")
+            g = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+            for k, want in _ADAMW_FIXED.items():
+                if g.get(k, want) != want:
+                    raise ValueError(f"BatchedAdamW supports AdamW with {k}={want}, got {g.get(k)!r}")
+            self.settings.append(g)
+        names = stacked.names
+        P = stacked.params
+        with torch.no_grad():
+            self.exp_avg = {n: torch.zeros_like(P[n]) for n in names if P[n].requires_grad}
+            self.exp_avg_sq = {n: torch.zeros_like(P[n]) for n in names if P[n].requires_grad}
+            self.steps = {n: torch.zeros(stacked.E, dtype=torch.float32, device=P[n].device)
+                          for n in names if P[n].requires_grad}
+            for e, (opt, model) in enumerate(zip(optimizers, models)):
+                for n, p in model.named_parameters():
+                    st = opt.state.get(p)
+                    if not st:
+                        continue
+                    if n not in self.steps:
+                        raise ValueError(f"BatchedAdamW: optimizer state for {n}, which no member trains")
+                    self.exp_avg[n][e].copy_(st["exp_avg"])
+                    self.exp_avg_sq[n][e].copy_(st["exp_avg_sq"])
+                    self.steps[n][e] = float(st["step"])
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Per-member views of the stacked state (made once; remade after :meth:`keep`)."""
+        P = self.stacked.params
+        self._p = {n: P[n].detach().unbind(0) for n in self.steps}
+        self._m = {n: t.unbind(0) for n, t in self.exp_avg.items()}
+        self._v = {n: t.unbind(0) for n, t in self.exp_avg_sq.items()}
+        self._s = {n: t.unbind(0) for n, t in self.steps.items()}
+        groups: dict[str, list[int]] = {}
+        for e, g in enumerate(self.settings):
+            groups.setdefault(json.dumps(g, sort_keys=True, default=str), []).append(e)
+        self._groups = list(groups.values())
+
+    @torch.no_grad()
+    def step(self, grads: dict[str, tuple[Tensor, ...]], has_grad: dict[str, list[bool]], update: Sequence[bool]) -> None:
+        """One AdamW step for every member ``e`` with ``update[e]``, on the parameters it has a
+        gradient for (``has_grad[name][e]``); ``grads[name][e]``: member e's gradient."""
+        for members in self._groups:
+            ps, gs, ms, vs, ss = [], [], [], [], []
+            for n in self.steps:
+                if n not in grads:
+                    continue
+                for e in members:
+                    if update[e] and has_grad[n][e]:
+                        ps.append(self._p[n][e])
+                        gs.append(grads[n][e])
+                        ms.append(self._m[n][e])
+                        vs.append(self._v[n][e])
+                        ss.append(self._s[n][e])
+            if not ps:
+                continue
+            g = self.settings[members[0]]
+            adamw_step(ps, gs, ms, vs, [], ss, foreach=g.get("foreach"), fused=g.get("fused"),
+                                    amsgrad=False, beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"],
+                                    weight_decay=g["weight_decay"], eps=g["eps"], maximize=g.get("maximize", False))
+
+    def copy_to(self, e: int, opt: torch.optim.Optimizer, model: SoftPriorTransformer) -> None:
+        """Load member ``e``'s state into ``opt`` (``model``'s ``torch.optim.AdamW``), as torch would hold it."""
+        state = {}
+        for idx, (n, _) in enumerate(model.named_parameters()):
+            if n in self.steps and float(self.steps[n][e]) > 0:
+                state[idx] = {"step": self.steps[n][e].detach().clone(), "exp_avg": self.exp_avg[n][e].clone(),
+                              "exp_avg_sq": self.exp_avg_sq[n][e].clone()}
+        opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})
+
+    def keep(self, idx: Sequence[int]) -> None:
+        """Keep only members ``idx`` (after :meth:`StackedModel.keep`)."""
+        sel = torch.as_tensor(list(idx), dtype=torch.long)
+        for d in (self.exp_avg, self.exp_avg_sq, self.steps):
+            for n, t in d.items():
+                d[n] = t.index_select(0, sel.to(t.device)).clone()
+        self.settings = [self.settings[i] for i in idx]
+        self._refresh()
