@@ -49,7 +49,7 @@ from circuitfade.model.files import CONFIG_FILE, WEIGHTS_FILE
 from circuitfade.model.priors import PriorInputs, build_prior
 
 __all__ = ["PriorAttentionCore", "PriorBlockCore", "SoftPriorCore", "check_gate_value", "gate_tensor",
-           "attention_scale", "next_token_loss", "layer_norm_unhooked"]
+           "logits_at_all_positions", "attention_scale", "next_token_loss", "layer_norm_unhooked"]
 
 
 # --------------------------------------------------------------------------------------
@@ -109,6 +109,16 @@ def next_token_loss(logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor
     if per_token:
         return -predicted
     return -predicted.sum() / predicted.numel()
+
+
+def logits_at_all_positions(logits: Float[Tensor, "batch rows vocab"], rows: Int[Tensor, "rows"] | None,
+                            n: int) -> Float[Tensor, "batch pos vocab"]:
+    """Logits ``[batch, n, vocab]`` from those computed at query positions ``rows`` only: NaN at
+    every other position (``rows=None``: every position was computed; returned as is)."""
+    if rows is None:
+        return logits
+    full = logits.new_full((logits.shape[0], n, logits.shape[-1]), float("nan"))
+    return full.index_copy(1, rows, logits)
 
 
 def layer_norm_unhooked(module: nn.Module, x: Tensor) -> Tensor:
@@ -473,9 +483,7 @@ class SoftPriorCore:
         if self.cfg.normalization_type is not None:
             resid = layer_norm_unhooked(self.ln_final, resid) if fused else self.ln_final(resid)
         logits = F.linear(resid, self.unembed.W_U.T, self.unembed.b_U) if fused else self.unembed(resid)
-        if rows is not None:  # only those positions were computed; NaN elsewhere
-            full = logits.new_full((logits.shape[0], n, logits.shape[-1]), float("nan"))
-            logits = full.index_copy(1, rows, logits)
+        logits = logits_at_all_positions(logits, rows, n)
         if return_type == "logits":
             return logits
         if return_type is None:

@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 from tqdm import tqdm
 
 from circuitfade.gating.evaluation import EVAL_CHUNK, condition_groups, conditions_row, gate_condition
 from circuitfade.io import write_json
 from circuitfade.model import SoftPriorTransformer
+from circuitfade.model.core import logits_at_all_positions
 from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
 from circuitfade.train.checkpoints import (
@@ -133,15 +133,6 @@ def _answer_rows(batches: Sequence[Batch], n: int, last_needs_scores: bool) -> T
     if rows.numel() >= n or last_needs_scores:
         return None
     return rows
-
-
-def _all_positions(logits: Float[Tensor, "batch rows d_vocab_out"], rows: Tensor | None,
-                   n: int) -> Float[Tensor, "batch pos d_vocab_out"]:
-    """Logits at every position, as the single model returns them: NaN where only ``rows`` were computed."""
-    if rows is None:
-        return logits
-    full = logits.new_full((logits.shape[0], n, logits.shape[-1]), float("nan"))
-    return full.index_copy(1, rows, logits)
 
 
 def _check_inputs(model: SoftPriorTransformer, x: Tensor) -> None:
@@ -268,7 +259,7 @@ class Ensemble:
                 zero: Tensor | None) -> list[Tensor]:
         """Each member's task loss on its batch, from logits laid out as the single model returns them."""
         logits = self.model.logits(x, rows, zero)
-        return [task.loss(_all_positions(logits[s], rows, x.shape[2]), b) for s, b in enumerate(batches)]
+        return [task.loss(logits_at_all_positions(logits[s], rows, x.shape[2]), b) for s, b in enumerate(batches)]
 
     @torch.no_grad()
     def evaluate(self, slots: Sequence[int], task: Task, batch: Batch, conditions: Sequence) -> list[dict[str, float]]:
@@ -300,16 +291,12 @@ class Ensemble:
 
     def _metrics(self, models: Sequence[SoftPriorTransformer], condition, task: Task, batch: Batch) -> list[dict]:
         """``task.metrics`` of every member on ``batch`` with its gates under ``condition``."""
-        override: list[dict[str, Tensor]] = []
-        for layer in range(self.model.cfg.n_layers):
-            per_prior = {}
-            for name in self.model.cfg.priors:
-                vals = []
-                for m in models:
-                    with gate_condition(m, condition):
-                        vals.append(m.blocks[layer].attn.gate(name).detach())
-                per_prior[name] = torch.stack(vals)
-            override.append(per_prior)
+        layers, priors = range(self.model.cfg.n_layers), self.model.cfg.priors
+        per_member = []
+        for m in models:
+            with gate_condition(m, condition):
+                per_member.append([{name: m.blocks[i].attn.gate(name).detach() for name in priors} for i in layers])
+        override = [{name: torch.stack([g[i][name] for g in per_member]) for name in priors} for i in layers]
         E = len(models)
         needs = any(p.needs_scores for p in self.model.template.blocks[-1].attn.priors.values())
         chunks: list[list[Tensor]] = [[] for _ in models]
@@ -320,7 +307,7 @@ class Ensemble:
             rows = _answer_rows([part], n, needs)
             logits = self.model.logits(x.unsqueeze(0).expand(E, *x.shape), rows, gates=override)
             for s in range(E):
-                chunks[s].append(_all_positions(logits[s], rows, n))
+                chunks[s].append(logits_at_all_positions(logits[s], rows, n))
         return [task.metrics(c[0] if len(c) == 1 else torch.cat(c), batch) for c in chunks]
 
     def _clip(self, grads: dict[str, tuple[Tensor, ...]], has_grad: dict[str, list[bool]]) -> Tensor:
