@@ -55,6 +55,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_files import command_line, write_outputs
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -290,16 +292,6 @@ def bench_figure(res: dict, stem: Path) -> None:
     save_figure(fig, stem)
 
 
-def write_outputs(out: Path, result: dict, markdown: str) -> None:
-    """``out`` (JSON) and the markdown beside it (same name, ``.md``), atomically."""
-    from circuitfade.io import write_json, write_text
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, result)
-    write_text(out.with_suffix(".md"), markdown)
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
-
-
 TARGET = 1.5
 """Runs per hour the ensemble trainer should reach at E = 16 on a CPU, relative to the sequential trainer."""
 
@@ -440,7 +432,7 @@ def main(argv=None) -> dict:
             print(f"round {r}: {mode:10s} {'runs' if mode == 'sequential' else 'E'}={n:<4d} wall {m['wall_s']:7.1f} s  cpu {m['cpu_s']:7.1f} s  "
                   f"peak RSS {m['rss_mib']:6.0f} MiB", flush=True)
     result = summarize(rows, sizes, args)
-    result["command"] = "python benchmarks/ensemble.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["command"] = command_line(__file__, argv)
     result["seconds"] = time.time() - t0
     write_outputs(Path(args.out), result, bench_markdown(result))
     bench_figure(result, Path(args.out).with_suffix(""))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,8 @@ import torch
 
 from circuitfade.train.recipes import local_run_config
 from circuitfade.train import loop
+
+from results_files import command_line, write_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,17 +60,12 @@ def main(argv=None) -> int:
         print(f"{th} thread(s): " + ", ".join(f"{t:.1f} s" for t in ts) + f" ({ns.steps} steps each)")
     ratio = statistics.median(times[2]) / statistics.median(times[1])
     print(f"median ratio 2 threads / 1 thread: {ratio:.2f}")
-    command = ("python benchmarks/local_series_threads.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    from circuitfade.io import write_json, write_text
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, {"command": command, "steps": ns.steps, "rounds": ns.rounds, "seconds": times, "ratio": ratio})
-    write_text(out.with_suffix(".md"), (
+    command = command_line(__file__, argv)
+    write_outputs(out, {"command": command, "steps": ns.steps, "rounds": ns.rounds, "seconds": times, "ratio": ratio}, (
         f"`{command}` (training steps only, no evaluation; {ns.steps} steps per measurement, rounds interleaved): "
         + "; ".join(f"{th} thread{'s' if th > 1 else ''}: " + ", ".join(f"{t:.1f} s" for t in ts) for th, ts in times.items())
         + f". Median ratio 2 threads / 1 thread: **{ratio:.2f}**"
         + (" (a second thread is slower)." if ratio > 1 else " (a second thread is faster).") + "\n"))
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
     return 0
 
 

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_files import command_line, write_outputs
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = "4932890"  # main when the answer-position path was started
 
@@ -105,17 +107,10 @@ def main(argv=None) -> dict:
     print(f"  speed-up baseline/current: ratio of medians {med['baseline'] / med['current']:.2f}, "
           f"median of pair ratios {statistics.median(pair_ratios):.2f} "
           f"(pairs: {', '.join(f'{r:.2f}' for r in pair_ratios)}; target >= 1.6 on full-length runs)")
-    command = "python benchmarks/runs_per_hour.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = {"command": command.strip(), "baseline": args.baseline, "steps": args.steps, "path": args.path,
+    result = {"command": command_line(__file__, argv), "baseline": args.baseline, "steps": args.steps, "path": args.path,
               "seed": args.seed, "median_s": med, "peak_rss_mib": rss, "pair_ratios": pair_ratios,
               "runs": {n: [{k: v for k, v in r.items() if k != "stdout"} for r in rs] for n, rs in results.items()}}
-    from circuitfade.io import write_json, write_text
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, result)
-    write_text(out.with_suffix(".md"), markdown(result))
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    write_outputs(args.out, result, markdown(result))
     return result
 
 

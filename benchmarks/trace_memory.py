@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_files import command_line, write_outputs
+
 REPO = Path(__file__).resolve().parents[1]
 
 PYTHIA_14M = dict(n_layers=6, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=50304, n_ctx=64, act_fn="gelu",
@@ -206,17 +208,12 @@ def main(argv=None) -> dict:
     print(f"  largest |loss increase (trace) - loss increase (loop)|: {diff:.2e} (must be <= 1e-5)")
     if diff > 1e-5:
         raise SystemExit("trace and the plain loop disagree")
-    result = {"command": "python benchmarks/trace_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": command_line(__file__, argv),
               "n": args.n, "pairs": args.pairs, "checkpoints": args.checkpoints, "ratio": ratio, "growth": growth,
               "peak_2": few["peak_rss_mib"], "peak_many": many["peak_rss_mib"],
               "after_imports_2": few["rss_after_imports_mib"], "after_imports_many": many["rss_after_imports_mib"],
               "seconds_per_checkpoint_trace": per_trace, "seconds_per_checkpoint_loop": per_loop, "max_diff": diff}
-    from circuitfade.io import write_json, write_text
-
-    out = Path(args.out)
-    write_json(out, result)
-    write_text(out.with_suffix(".md"), markdown(result))
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    write_outputs(args.out, result, markdown(result))
     return result
 
 

@@ -24,7 +24,6 @@ is reported with the number of steps it takes to pay for itself.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -37,6 +36,8 @@ from circuitfade.gating.evaluation import answer_logits
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.tasks import AssocRecall
 from circuitfade.train.timing import adamw_step, median_ms, time_steps, torch_threads
+
+from results_files import command_line, write_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,14 +139,10 @@ def main(argv=None) -> dict[str, float]:
         print(f"  soft_prior_compiled / soft_prior_answer = {ms['soft_prior_compiled'] / ms['soft_prior_answer']:.2f}"
               f"; compile time {compile_s:.1f} s: {verdict}")
         ms["compile_s"] = compile_s
-    from circuitfade.io import write_json, write_text
-
-    out = Path(args.out)
-    command = "python benchmarks/train_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_json(out, {"command": command.strip(), "torch": torch.__version__, "threads": args.threads,
-                     "steps": args.steps, "rounds": args.rounds, "ms_per_step": ms})
-    write_text(out.with_suffix(".md"), markdown(ms, command.strip(), args))
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    command = command_line(__file__, argv)
+    write_outputs(args.out, {"command": command, "torch": torch.__version__, "threads": args.threads,
+                             "steps": args.steps, "rounds": args.rounds, "ms_per_step": ms},
+                  markdown(ms, command, args))
     return ms
 
 
