@@ -189,6 +189,13 @@ def test_weights_in_another_dtype_are_refused(partial, dtype):
 # --------------------------------------------------------------------------------------
 # corrupt state: one line naming the file; never recorded as a divergence
 # --------------------------------------------------------------------------------------
+def _group_edit(meta: dict, **settings) -> str:
+    """``param_groups`` metadata with ``settings`` changed in every group (as JSON)."""
+    import json
+
+    return json.dumps([{**g, **settings} for g in json.loads(meta["param_groups"])])
+
+
 @pytest.mark.parametrize("edit, words", [
     (lambda t, m: t.pop("rng.data"), ["missing tensor rng.data"]),
     (lambda t, m: t.update({"rng.data": torch.rand(7)}), ["rng.data", "not a generator state"]),
@@ -202,6 +209,15 @@ def test_weights_in_another_dtype_are_refused(partial, dtype):
     (lambda t, m: t.update({"optim.999.step": torch.tensor(1.0)}), ["optim.999.step"]),
     (lambda t, m: t.update({"stray": torch.zeros(1)}), ["stray"]),
     (lambda t, m: m.update(param_groups="[]"), ["param_groups"]),
+    # the invariants AdamW keeps: a second moment never below 0, the settings the config makes
+    (lambda t, m: t.update({"optim.0.exp_avg_sq": -t["optim.0.exp_avg_sq"] - 1.0}),
+     ["optim.0.exp_avg_sq", "negative"]),
+    (lambda t, m: m.update(param_groups=_group_edit(m, maximize=True)), ["maximize", "True"]),
+    (lambda t, m: m.update(param_groups=_group_edit(m, betas=[0, 0])), ["betas", "[0, 0]"]),
+    (lambda t, m: m.update(param_groups=_group_edit(m, eps=0.5)), ["eps", "0.5"]),
+    (lambda t, m: m.update(param_groups=_group_edit(m, amsgrad=True)), ["amsgrad"]),
+    (lambda t, m: m.update(param_groups=_group_edit(m, weight_decay=-1.0)), ["weight_decay", "-1.0"]),
+    (lambda t, m: m.update(param_groups=_group_edit(m, lr=float("nan"))), ["lr", "nan"]),
 ])
 @pytest.mark.parametrize("checksum", [True, False])
 def test_corrupt_state_is_one_line_naming_the_file(partial, edit, words, checksum):
@@ -210,6 +226,27 @@ def test_corrupt_state_is_one_line_naming_the_file(partial, edit, words, checksu
     edit(t, m)
     rewrite(f, t, m, checksum=checksum)  # even with a valid checksum: the content itself is checked
     refused(partial, f.name, *words)
+
+
+def test_a_negative_second_moment_without_checksums_is_corrupt_not_a_divergence(partial):
+    """A state file written without checksums whose ``exp_avg_sq`` is negative passes the finite
+    check; resumed, AdamW would take the square root of it and the run would be recorded diverged."""
+    for state in (False, True):
+        t, m = read(ck(partial, 5, state))
+        m.pop("weights_checksum", None)
+        if state:
+            t["optim.3.exp_avg_sq"] = -t["optim.3.exp_avg_sq"].abs() - 1.0
+        rewrite(ck(partial, 5, state), t, m, checksum=False)
+    refused(partial, "step_000005.state.safetensors", "optim.3.exp_avg_sq", "negative")
+    assert not (partial / "failed.json").exists()
+
+
+def test_weights_with_only_their_checksum_removed_are_named_as_altered(partial):
+    f = ck(partial, 5)
+    t, m = read(f)
+    rewrite(f, t, m, checksum=False)  # the same tensors; the state file still records their checksum
+    msg = refused(partial, f.name, "records no checksum", "altered")
+    assert "other weights" not in msg
 
 
 def test_nan_weights_are_a_corrupt_input_not_a_divergence(partial):

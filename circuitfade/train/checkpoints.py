@@ -52,7 +52,7 @@ from circuitfade.train.state import (
 )
 
 __all__ = ["CKPT_DIR", "STATE_FORMAT", "checkpoint_name", "save_checkpoint", "complete_checkpoints",
-           "load_checkpoint", "write_metrics", "read_metrics", "run_steps", "dir_state", "clean_scratch",
+           "load_checkpoint", "resume_steps", "write_metrics", "read_metrics", "run_steps", "dir_state", "clean_scratch",
            "raise_recorded_failure", "finish_run"]
 
 CKPT_DIR = "checkpoints"
@@ -226,10 +226,23 @@ def _check_state(run: Run, tensors: Mapping[str, torch.Tensor], meta: Mapping[st
         required = tuple(i for i, (n, _) in enumerate(run.model.named_parameters()) if not _gate_logit(n, priors))
         check_optimizer_tensors(run.optimizer, tensors, meta, str(path), step, required)
     bound = meta.get("weights_checksum")
+    if bound is not None and weights_meta.get(CHECKSUM_KEY) is None:
+        raise CheckpointError(f"{weights_path}: records no checksum, but its state file {path.name} records the "
+                              "weights' checksum: the weights file was altered after it was written")
     if bound is not None and bound != weights_meta.get(CHECKSUM_KEY):
         raise CheckpointError(f"{path}: written with other weights than {weights_path.name} (its "
                               "'weights_checksum' does not match); the two files of a checkpoint belong together")
     return metrics
+
+
+def resume_steps(cfg: RunConfig, run_dir: Path) -> list[int]:
+    """:func:`complete_checkpoints` of a run directory about to be resumed under ``cfg``;
+    :class:`CheckpointError` naming the last checkpoint when it lies past the run's end."""
+    done = complete_checkpoints(run_dir)
+    if done and done[-1] > cfg.train.steps:
+        raise CheckpointError(f"{Path(run_dir) / CKPT_DIR / checkpoint_name(done[-1])}: step {done[-1]} is past "
+                              f"the run's end (steps={cfg.train.steps}); it is not this run's checkpoint")
+    return done
 
 
 def load_checkpoint(run: Run, run_dir: Path, step: int) -> Run:

@@ -45,14 +45,13 @@ from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
 from circuitfade.train.checkpoints import (
-    CKPT_DIR,
-    checkpoint_name,
     clean_scratch,
     complete_checkpoints,
     dir_state,
     finish_run,
     load_checkpoint,
     raise_recorded_failure,
+    resume_steps,
     save_checkpoint,
     write_metrics,
 )
@@ -254,10 +253,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
             if state == "new":
                 write_json(run_dir / "config.json", cfg.to_dict())
             run = new_run(cfg)
-            done = complete_checkpoints(run_dir)
-            if done and done[-1] > cfg.train.steps:
-                raise CheckpointError(f"{run_dir / CKPT_DIR / checkpoint_name(done[-1])}: step {done[-1]} is past "
-                                      f"the run's end (steps={cfg.train.steps}); it is not this run's checkpoint")
+            done = resume_steps(cfg, run_dir)
             if done:
                 load_checkpoint(run, run_dir, done[-1])
                 if state == "done" and run.step == cfg.train.steps:

@@ -20,7 +20,8 @@ from circuitfade.model.devices import resolve_device
 from circuitfade.train.config import RunConfig, TrainConfig
 
 __all__ = ["Run", "new_run", "clone_run", "make_optimizer", "apply_hparams", "one_thread",
-           "optimizer_to_tensors", "optimizer_from_tensors", "check_optimizer_tensors", "ADAMW_STATE"]
+           "optimizer_to_tensors", "optimizer_from_tensors", "check_optimizer_tensors", "ADAMW_STATE",
+           "ADAMW_FIXED"]
 
 ADAMW_STATE = ("exp_avg", "exp_avg_sq", "step")
 """The optimizer state kept per parameter (AdamW without amsgrad), saved as ``optim.<index>.<key>``."""
@@ -44,10 +45,12 @@ def check_optimizer_tensors(opt: torch.optim.Optimizer, tensors: Mapping[str, to
 
     Checked: every ``optim.<i>.<key>`` names a parameter index ``i`` of ``opt`` and a key of
     :data:`ADAMW_STATE`; each index present has all three keys; ``exp_avg`` and
-    ``exp_avg_sq`` have the parameter's shape and dtype and finite values; ``step`` is a
+    ``exp_avg_sq`` have the parameter's shape and dtype and finite values, ``exp_avg_sq`` none
+    below 0; ``step`` is a
     scalar whole number in ``[1, step]`` (a parameter is stepped at most once per global
     step); every index in ``required`` is present; ``param_groups`` is JSON naming each
-    parameter index exactly once.
+    parameter index exactly once, and each group holds the settings of ``opt``'s (betas, eps,
+    amsgrad, maximize...: :data:`ADAMW_FIXED`) and a finite lr and weight decay >= 0.
     """
     params = [p for g in opt.param_groups for p in g["params"]]
     seen: dict[int, set[str]] = {}
@@ -72,6 +75,9 @@ def check_optimizer_tensors(opt: torch.optim.Optimizer, tensors: Mapping[str, to
             if not bool(torch.isfinite(t).all()):
                 raise CheckpointError(f"{source}: {name} holds non-finite values (a corrupt file: the trainer "
                                       "never writes them)")
+            if key == "exp_avg_sq" and not bool((t >= 0).all()):
+                raise CheckpointError(f"{source}: {name} holds negative values (a corrupt file: AdamW's second "
+                                      "moment is a running mean of squares, never below 0)")
         seen.setdefault(i, set()).add(key)
     partial = sorted(i for i, keys in seen.items() if keys != set(ADAMW_STATE))
     if partial:
@@ -93,6 +99,45 @@ def check_optimizer_tensors(opt: torch.optim.Optimizer, tensors: Mapping[str, to
     if ids != list(range(len(params))) or len(groups) != len(opt.param_groups):
         raise CheckpointError(f"{source}: 'param_groups' metadata names parameters {ids[:6]}...; the model has "
                               f"{len(params)} in {len(opt.param_groups)} group(s)")
+    for k, (g, mine) in enumerate(zip(groups, opt.param_groups)):
+        _check_group(g, mine, f"{source}: 'param_groups' metadata, group {k}")
+
+
+ADAMW_FIXED = ("betas", "eps", "amsgrad", "maximize", "capturable", "differentiable", "decoupled_weight_decay")
+"""AdamW settings a state file must share with the optimizer the config makes (lr and weight decay
+may differ: the config's win on resume, see :func:`apply_hparams`; fused/foreach are the kernel)."""
+
+
+def _check_group(saved, mine: Mapping, where: str) -> None:
+    """Raise :class:`CheckpointError` unless the saved param group ``saved`` holds the settings of the
+    fresh optimizer's group ``mine`` (:data:`ADAMW_FIXED`, those recorded) and a usable lr and weight decay."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{where} is not a settings object")
+    for key in ADAMW_FIXED:
+        if key not in saved or key not in mine:
+            continue  # older torch versions record fewer settings; torch fills its defaults
+        want, got = mine[key], saved[key]
+        if not _same_setting(got, want):
+            raise CheckpointError(f"{where}: {key} is {got!r}, but this run's AdamW has {want!r} (a corrupt or "
+                                  "foreign file: the trainer never changes it)")
+    for key in ("lr", "weight_decay"):
+        v = saved.get(key)
+        if not (_number(v) and math.isfinite(v) and v >= 0):
+            raise CheckpointError(f"{where}: {key} is {v!r}; expected a finite number >= 0")
+
+
+def _same_setting(got, want) -> bool:
+    """Whether a setting read from JSON equals the optimizer's (tuples are lists there)."""
+    if isinstance(want, (list, tuple)):
+        return (isinstance(got, (list, tuple)) and len(got) == len(want)
+                and all(_same_setting(a, b) for a, b in zip(got, want)))
+    if isinstance(want, bool) or want is None:
+        return got is want
+    return _number(got) and float(got) == float(want)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def optimizer_from_tensors(opt: torch.optim.Optimizer, tensors: Mapping, meta: Mapping) -> None:
