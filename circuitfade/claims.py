@@ -7,7 +7,7 @@ own study:
 * :class:`Claim` - one claim, declared *before* its runs: the statistic, the rule (fixed
   in code), the published value it is compared with, and the data that would make it fail.
 * :class:`Outcome` - the only verdict words: reproduced, partly, not reproduced,
-  inconclusive, not testable, not run.
+  inconclusive, not testable, not run, forced by the apparatus.
 * three-valued interval rules (:func:`at_least`, :func:`at_most`, :func:`all_of`,
   :func:`any_of`) and :func:`grade`, which turns a full rule and a partial rule into an
   :class:`Outcome`.
@@ -69,6 +69,7 @@ class Outcome(str, enum.Enum):
     INCONCLUSIVE = "inconclusive"
     NOT_TESTABLE = "not testable"
     NOT_RUN = "not run"
+    FORCED = "forced by the apparatus"  # the outcome holds in any model of the apparatus: it tests nothing
 
     def __str__(self) -> str:
         return self.value
