@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from circuitfade.gating.evaluation import EVAL_CHUNK, evaluate_conditions
-from circuitfade.io import load_tensors
+from circuitfade.io import CheckpointError, load_tensors
 from circuitfade.tasks import eval_set
 from circuitfade.train import RunConfig, TrainConfig, TrainingDiverged, fit, new_run, train
 from circuitfade.train.state import one_thread
@@ -277,6 +277,133 @@ def test_an_interrupted_ensemble_resumes_and_a_member_resumes_alone(tmp_path):
     assert [o.status for o in outs] == [MemberStatus.CACHED, MemberStatus.DONE, MemberStatus.DONE]
     for a, b in zip(full, cut):
         assert_same_run_dirs(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# one member's fault stays with that member
+# ----------------------------------------------------------------------------------------------
+def _cut(cfgs, dirs) -> None:
+    """Every member trained to step 15 and stopped (last complete checkpoint: step 10)."""
+
+    def stop_at_15(member, step, row):
+        if step == 15:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train_ensemble(cfgs, dirs, logger=stop_at_15)
+
+
+def _others_finish_as_single_runs(cfgs, dirs, tmp_path, failed: int) -> None:
+    for i, c in enumerate(cfgs):
+        if i != failed:
+            train(c, tmp_path / f"single{i}", progress=False)
+            assert_same_run_dirs(dirs[i], tmp_path / f"single{i}")
+    assert not (dirs[failed] / "failed.json").exists() and not (dirs[failed] / "done.json").exists()
+
+
+@exact
+def test_a_member_with_a_checkpoint_past_its_end_fails_alone_naming_the_file(tmp_path):
+    cfgs = dir_configs()
+    dirs = [tmp_path / f"e{i}" for i in range(3)]
+    _cut(cfgs, dirs)
+    for state in (False, True):
+        name = f"step_000010{'.state' if state else ''}.safetensors"
+        (dirs[1] / "checkpoints" / name).rename(dirs[1] / "checkpoints" / name.replace("000010", "000040"))
+    with pytest.raises(CheckpointError) as single:
+        train(cfgs[1], dirs[1], progress=False)
+    outs = train_ensemble(cfgs, dirs)
+    assert [o.status for o in outs] == [MemberStatus.DONE, MemberStatus.FAILED, MemberStatus.DONE]
+    assert outs[1].error == f"CheckpointError: {single.value}"  # the single trainer's message
+    assert "step_000040.safetensors" in outs[1].error and "past the run's end" in outs[1].error
+    _others_finish_as_single_runs(cfgs, dirs, tmp_path, failed=1)
+
+
+@exact
+def test_a_member_with_a_corrupt_optimizer_state_fails_alone_and_is_no_divergence(tmp_path):
+    from safetensors.torch import save_file
+
+    cfgs = dir_configs()
+    dirs = [tmp_path / f"e{i}" for i in range(3)]
+    _cut(cfgs, dirs)
+    f = dirs[2] / "checkpoints" / "step_000010.state.safetensors"
+    with safe_open(str(f), "pt") as g:
+        t, meta = {k: g.get_tensor(k) for k in g.keys()}, dict(g.metadata())
+    t["optim.2.exp_avg_sq"] = -t["optim.2.exp_avg_sq"].abs() - 1.0
+    save_file(t, str(f), metadata={k: v for k, v in meta.items() if k != "checksum"})  # as another tool writes
+    outs = train_ensemble(cfgs, dirs)
+    assert [o.status for o in outs] == [MemberStatus.DONE, MemberStatus.DONE, MemberStatus.FAILED]
+    assert f.name in outs[2].error and "optim.2.exp_avg_sq" in outs[2].error and "negative" in outs[2].error
+    _others_finish_as_single_runs(cfgs, dirs, tmp_path, failed=2)
+
+
+@exact
+def test_one_members_full_disk_stops_that_member_alone(tmp_path, monkeypatch):
+    import errno
+
+    import circuitfade.train.checkpoints as checkpoints
+
+    cfgs = dir_configs()
+    dirs = [tmp_path / f"e{i}" for i in range(3)]
+    full = dirs[0]
+
+    def on_a_full_disk(write):
+        def guarded(path, *a, **k):
+            if Path(path).is_relative_to(full) and "step_000010" in Path(path).name:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            return write(path, *a, **k)
+        return guarded
+
+    monkeypatch.setattr(checkpoints, "save_tensors", on_a_full_disk(checkpoints.save_tensors))
+    outs = train_ensemble(cfgs, dirs)
+    assert [o.status for o in outs] == [MemberStatus.FAILED, MemberStatus.DONE, MemberStatus.DONE]
+    assert "No space left on device" in outs[0].error and "step_000010.state.safetensors" in outs[0].error
+    assert not (full / ".lock").exists()
+    monkeypatch.undo()
+    _others_finish_as_single_runs(cfgs, dirs, tmp_path, failed=0)
+    train_ensemble(cfgs, dirs)  # room again: the member resumes from its step-3 checkpoint
+    train(cfgs[0], tmp_path / "single0", progress=False)
+    assert_same_run_dirs(full, tmp_path / "single0")
+
+
+@exact
+def test_a_finished_member_holds_no_lock_while_the_others_train(tmp_path):
+    """A killed ensemble leaves ``.lock`` files only in the members that had not finished."""
+    cfgs = dir_configs()
+    dirs = [tmp_path / f"e{i}" for i in range(3)]
+    _cut(cfgs, dirs)
+    for f in (dirs[2] / "checkpoints").glob("step_000010*"):
+        f.unlink()  # member 2 resumes from step 3 in a group of its own; 0 and 1 from step 10
+    seen = {}
+
+    def look(member, step, row):
+        if member == 0 and step == 15:
+            seen.update({i: ((d / ".lock").exists(), (d / "done.json").exists()) for i, d in enumerate(dirs)})
+
+    outs = train_ensemble(cfgs, dirs, logger=look)
+    assert [o.status for o in outs] == [MemberStatus.DONE] * 3
+    assert seen == {0: (True, False), 1: (True, False), 2: (False, True)}
+
+
+def test_a_stopped_ensemble_reports_its_finished_members_as_finished(tmp_path, monkeypatch):
+    """``execute_ensemble`` (the sweep's worker): when the ensemble raises, the members that have
+    ``done.json`` are reported done with their final metrics, not failed."""
+    import circuitfade.train.ensemble as ensemble
+    from circuitfade.train.sweep import execute_ensemble
+
+    cfgs = dir_configs(steps=4, eval_every=2, checkpoint_every=2, extra_checkpoints=())
+    dirs = [tmp_path / f"e{i}" for i in range(3)]
+    train(cfgs[0], dirs[0], progress=False)
+
+    def finish_one_then_stop(configs, run_dirs, **kw):
+        train(cfgs[1], dirs[1], progress=False)
+        raise RuntimeError("stopped")
+
+    monkeypatch.setattr(ensemble, "train_ensemble", finish_one_then_stop)
+    rows = execute_ensemble([c.to_dict() for c in cfgs], [str(d) for d in dirs])
+    assert [r["status"] for r in rows] == ["cached", "done", "failed"]
+    assert "RuntimeError: stopped" in rows[2]["error"] and rows[0]["error"] is None
+    for r, d in zip(rows[:2], dirs):
+        assert r["step"] == 4 and r["acc_normal"] == json.loads((d / "done.json").read_text())["final"]["acc_normal"]
 
 
 @exact

@@ -64,6 +64,7 @@ from circuitfade.train.checkpoints import (
     finish_run,
     load_checkpoint,
     raise_recorded_failure,
+    resume_steps,
     save_checkpoint,
     write_metrics,
 )
@@ -337,7 +338,7 @@ class Ensemble:
 
 def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Sequence[Path | str | None] | None = None,
                  task: Task | None = None, eval_batch: Batch | None = None, progress: bool = False,
-                 logger: Callable[[int, int, dict], None] | None = None) -> list[TrainingDiverged | None]:
+                 logger: Callable[[int, int, dict], None] | None = None) -> list[TrainingDiverged | OSError | None]:
     """:func:`~circuitfade.train.loop.fit` for E runs at one step, trained as one stacked model.
 
     Advances every run from their common ``run.step`` to ``until`` (default: the runs'
@@ -349,7 +350,9 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
 
     Returns one entry per run: ``None``, or the :class:`TrainingDiverged` that stopped it
     (raised by the single trainer at the same step, with the same message: the member's
-    weights are those before the failing update, and the others went on).
+    weights are those before the failing update, and the others went on), or the
+    :class:`OSError` that stopped it when its run directory could not be written (a full or
+    read-only disk: the single trainer raises the same error; the others go on).
     """
     runs = list(runs)
     if not runs:
@@ -369,29 +372,38 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
     eval_batch = eval_batch if eval_batch is not None else eval_set(task, n=tc.eval_size, seed=EVAL_SEED)
     if ens.model.device.type != "cpu":  # drawn on the CPU, evaluated where the stack is (as fit does)
         eval_batch = eval_batch.to(ens.model.device)
-    errors: list[TrainingDiverged | None] = [None] * len(runs)
+    errors: list[TrainingDiverged | OSError | None] = [None] * len(runs)
     starts = [int((r.config.parent or {}).get("step", 0)) for r in runs]
 
-    def record(slots: Sequence[int], loss_values: Sequence[float]) -> None:
-        """Each member's evaluation row at its step (the single trainer's row; evaluated together)."""
+    def record(slots: Sequence[int], loss_values: Sequence[float]) -> list[int]:
+        """Each member's evaluation row at its step (the single trainer's row; evaluated together);
+        returns the slots whose ``metrics.csv`` could not be written."""
         rows = []
         for slot, lv in zip(slots, loss_values):
             run = ens.sync(slot, optimizer=False)
             rows.append(row_at_step(run, lv))  # sets the gates for this step, as the single loop does
             ens.model.copy_buffers_from(slot, run.model)
         evaluations = ens.evaluate(slots, task, eval_batch, tc.eval_conditions)
+        unwritten = []
         for slot, row, ev in zip(slots, rows, evaluations):
             i = ens.active[slot]
             run = ens.runs[i]
             row.update(ev)
             run.metrics.append(row)
             if run_dirs[i] is not None:
-                write_metrics(run_dirs[i], run.metrics)
+                try:
+                    write_metrics(run_dirs[i], run.metrics)
+                except OSError as e:  # this member's disk: it stops here, the others go on
+                    errors[i] = e
+                    unwritten.append(slot)
+                    continue
             if logger is not None:
                 logger(i, run.step, dict(row))
+        return unwritten
 
     def checkpoint(slots: Sequence[int]) -> list[int]:
-        """Checkpoint the members due at this step; returns the slots whose weights are not finite."""
+        """Checkpoint the members due at this step; returns the slots whose weights are not finite
+        or whose checkpoint could not be written."""
         due = [s for s in slots if run_dirs[ens.active[s]] is not None
                and is_checkpoint_step(ens.runs[ens.active[s]].config.train, ens.runs[ens.active[s]].step,
                                       starts[ens.active[s]])]
@@ -406,15 +418,18 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
                                                                "(checkpoint not written)")
                 bad.append(s)
                 continue
-            save_checkpoint(ens.sync(s), run_dirs[i])
+            try:
+                save_checkpoint(ens.sync(s), run_dirs[i])
+            except OSError as e:  # this member's disk: it stops here, the others go on
+                errors[i] = e
+                bad.append(s)
         return bad
 
     with one_thread():
         due = [s for s, run in enumerate(runs) if (not run.metrics or run.metrics[-1]["step"] < run.step)
                and (run.step % tc.eval_every == 0 or run.step == until)]
-        if due:
-            record(due, [float("nan")] * len(due))
-        bad = checkpoint(range(len(runs)))
+        unwritten = record(due, [float("nan")] * len(due)) if due else []
+        bad = unwritten + checkpoint([s for s in range(len(runs)) if s not in unwritten])
         if bad:
             ens.drop(bad)
         bar = tqdm(total=until, initial=step0, disable=not progress, desc=f"ensemble of {len(runs)}", leave=False)
@@ -433,9 +448,10 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
                 ok = [s for s in range(len(ens.active)) if s not in failed]
                 step = ens.step_now if ok else None
                 bar.update(1)
+                unwritten = []
                 if step is not None and (step % tc.eval_every == 0 or step == until):
-                    record(ok, [lvs[s] for s in ok])
-                bad = checkpoint(ok) if step is not None else []
+                    unwritten = record(ok, [lvs[s] for s in ok])
+                bad = unwritten + checkpoint([s for s in ok if s not in unwritten]) if step is not None else []
                 if failed or bad:
                     ens.drop(failed + bad)
         finally:
@@ -495,9 +511,11 @@ def train_ensemble(configs: Sequence[RunConfig], run_dirs: Sequence[str | Path],
     ``config.json`` is written for a new run and a started one resumes from its last complete
     checkpoint. Members at different steps train in groups by step. A member that diverges
     gets ``failed.json`` and status ``FAILED``; one recorded failed before, locked by another
-    process, or whose checkpoint cannot be read is ``FAILED`` with that error, and the
-    others go on. Never raises for one member's problem; raises ``ValueError`` when the
-    configs cannot form an ensemble.
+    process, whose checkpoint cannot be read or is past its end, or whose run directory cannot
+    be written (a full disk) is ``FAILED`` with the single trainer's error naming the file, no
+    ``failed.json`` (it did not diverge), and the others go on. Each member's lock is released
+    as soon as that member ends. Never raises for one member's problem; raises ``ValueError``
+    when the configs cannot form an ensemble.
     """
     configs, run_dirs = list(configs), [Path(d) for d in run_dirs]
     if len(configs) != len(run_dirs):
@@ -510,7 +528,10 @@ def train_ensemble(configs: Sequence[RunConfig], run_dirs: Sequence[str | Path],
         raise ValueError("train_ensemble: the configs differ in model shape, task or shared training settings")
     resolve_device(configs[0].train.device)
     outcomes: list[MemberOutcome | None] = [None] * len(configs)
-    with one_thread(), contextlib.ExitStack() as locks:
+    locks = [contextlib.ExitStack() for _ in configs]  # each member's lock, released when it ends
+    with one_thread(), contextlib.ExitStack() as held:
+        for lock in locks:
+            held.enter_context(lock)
         task = configs[0].make_task()
         ev = eval_set(task, n=configs[0].train.eval_size, seed=EVAL_SEED)
         todo: list[tuple[int, Run]] = []
@@ -528,7 +549,7 @@ def train_ensemble(configs: Sequence[RunConfig], run_dirs: Sequence[str | Path],
                     outcomes[i] = _recorded_failure(d)
                     continue
                 d.mkdir(parents=True, exist_ok=True)
-                locks.enter_context(run_lock(d))
+                locks[i].enter_context(run_lock(d))
                 clean_scratch(d)
                 state = dir_state(cfg, d)
                 if state == "failed":
@@ -537,15 +558,17 @@ def train_ensemble(configs: Sequence[RunConfig], run_dirs: Sequence[str | Path],
                 if state == "new":
                     write_json(d / "config.json", cfg.to_dict())
                 run = new_run(cfg)
-                done = complete_checkpoints(d)
+                done = resume_steps(cfg, d)
                 if done:
                     load_checkpoint(run, d, done[-1])
                     if state == "done" and run.step == cfg.train.steps:
                         outcomes[i] = MemberOutcome(MemberStatus.CACHED, run)
+                        locks[i].close()
                         continue
                 todo.append((i, run))
             except (ValueError, OSError, RunLocked) as e:  # this member's problem: reported, the others go on
                 outcomes[i] = _failed(e)
+                locks[i].close()
         by_step: dict[int, list[tuple[int, Run]]] = {}
         for i, run in todo:
             by_step.setdefault(run.step, []).append((i, run))
@@ -555,10 +578,16 @@ def train_ensemble(configs: Sequence[RunConfig], run_dirs: Sequence[str | Path],
                                   eval_batch=ev, progress=progress,
                                   logger=None if logger is None else (lambda k, s, row, g=group: logger(g[k][0], s, row)))
             for (i, run), err in zip(group, errors):
-                if err is not None:
-                    write_json(run_dirs[i] / "failed.json", {"step": err.step, "error": err.error})
-                    outcomes[i] = MemberOutcome(MemberStatus.FAILED, run, f"TrainingDiverged: {err}")
-                else:
-                    finish_run(run, run_dirs[i])
-                    outcomes[i] = MemberOutcome(MemberStatus.DONE, run)
+                try:
+                    if isinstance(err, TrainingDiverged):
+                        write_json(run_dirs[i] / "failed.json", {"step": err.step, "error": err.error})
+                        outcomes[i] = MemberOutcome(MemberStatus.FAILED, run, f"TrainingDiverged: {err}")
+                    elif err is not None:  # its run directory could not be written: no divergence recorded
+                        outcomes[i] = MemberOutcome(MemberStatus.FAILED, run, f"{type(err).__name__}: {err}")
+                    else:
+                        finish_run(run, run_dirs[i])
+                        outcomes[i] = MemberOutcome(MemberStatus.DONE, run)
+                except OSError as e:  # failed.json or done.json could not be written: this member only
+                    outcomes[i] = MemberOutcome(MemberStatus.FAILED, run, f"{type(e).__name__}: {e}")
+                locks[i].close()
     return [o for o in outcomes if o is not None]

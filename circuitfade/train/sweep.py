@@ -32,6 +32,7 @@ run of the same sweep (``config.parent``) wait for it: the sweep runs in waves.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -108,12 +109,13 @@ def execute_ensemble(configs: Sequence[dict], run_dirs: Sequence[str]) -> list[d
     from circuitfade.train.ensemble import train_ensemble
 
     t0 = time.time()
+    already = [(Path(d) / "done.json").is_file() for d in run_dirs]
     try:
         outs = train_ensemble([RunConfig.from_dict(c) for c in configs], list(run_dirs), progress=False)
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         err = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
-        return [{"status": "failed", "error": err, "seconds": time.time() - t0, "ensemble": len(configs)}
-                for _ in configs]
+        failed = {"status": "failed", "error": err, "seconds": time.time() - t0, "ensemble": len(configs)}
+        return [_finished(d, was, failed) for d, was in zip(run_dirs, already)]
     dt = time.time() - t0
     return [{"status": o.status.value, "error": o.error, "seconds": dt, "ensemble": len(configs), **o.final}
             for o in outs]
@@ -304,8 +306,20 @@ def execute_plan(job: list[tuple[dict, str]]) -> list[tuple[str, dict]]:
 
 
 def _lost_plan(job: list[tuple[dict, str]]) -> list[tuple[str, dict]]:
-    return [(d, {"status": "failed", "error": LOST_WORKER, "seconds": math.nan, "ensemble": len(job)})
-            for _, d in job]
+    lost = {"status": "failed", "error": LOST_WORKER, "seconds": math.nan, "ensemble": len(job)}
+    return [(d, _finished(d, False, lost)) for _, d in job]
+
+
+def _finished(run_dir: str | Path, already: bool, failed: dict) -> dict:
+    """The row of an ensemble member when its ensemble stopped: a member with ``done.json`` is done
+    (``cached`` when it was before), with its recorded final metrics; any other is ``failed``."""
+    try:
+        rec = json.loads((Path(run_dir) / "done.json").read_text())
+        final = rec.get("final", {}) if isinstance(rec, dict) else {}
+    except (OSError, ValueError):
+        return dict(failed)
+    return {**{k: v for k, v in failed.items() if k in ("seconds", "ensemble")},
+            "status": "cached" if already else "done", "error": None, **(final if isinstance(final, dict) else {})}
 
 
 def _ensemble_pool(wave: list[tuple[RunConfig, Path]], workers: int, size: int | None):
