@@ -6,9 +6,10 @@ The computational graph of a transformer read through its residual stream:
   ``blocks.0.hook_resid_pre``), every head ``L{l}H{h}`` (its output ``hook_z[h] @ W_O[h]``,
   ``blocks.{l}.attn.hook_z``) and every MLP ``MLP{l}`` (``blocks.{l}.hook_mlp_out``);
 * **receivers** read from it: every head's query, key and value input ``L{l}H{h}.q`` / ``.k`` /
-  ``.v`` (``blocks.{l}.attn.hook_q`` / ``hook_k`` / ``hook_v``), every MLP ``MLP{l}`` (its input
-  at ``blocks.{l}.hook_resid_mid``) and ``logits`` (the final residual stream,
-  ``blocks.{L-1}.hook_resid_post``);
+  ``.v`` (``blocks.{l}.attn.hook_q`` / ``hook_k`` / ``hook_v``, recomputed from the receiver's
+  own residual stream through ``ln1``), every MLP ``MLP{l}`` (the residual stream it reads at
+  ``blocks.{l}.hook_resid_mid``, fed through ``ln2`` into ``blocks[l].mlp``) and ``logits``
+  (the final residual stream, ``blocks.{L-1}.hook_resid_post``);
 * an **edge** ``sender -> receiver`` exists when the sender writes before the receiver reads.
 
 On circuitfade's soft-prior model a prior whose bias depends on the tokens (the ``content``
@@ -327,14 +328,22 @@ def _run(model, g: EdgeGraph, tokens: Tensor, *, weights: Tensor | None = None, 
         return f
 
     def on_mid(l):
-        rs = g.receivers_of((l, "mlp"))
-
         def f(x, hook):
+            state[("mid", l)] = x
+            return x
+        return f
+
+    def mlp_input(l):
+        """A forward pre-hook on ``blocks[l].mlp``: its input becomes ``ln2(resid_mid + delta)``."""
+        rs = g.receivers_of((l, "mlp"))
+        block = model.blocks[l]
+
+        def f(module, args):
             d = deltas(rs)
-            if d is None:
-                return x
-            state[("mlp_delta", l)] = d[0]
-            return x + d[0]
+            if d is None or not args:
+                return None
+            x = block.ln2(state[("mid", l)] + d[0]).to(args[0].dtype)
+            return (x,) + tuple(args[1:])
         return f
 
     def on_mlp_out(l):
@@ -343,17 +352,9 @@ def _run(model, g: EdgeGraph, tokens: Tensor, *, weights: Tensor | None = None, 
             return x
         return f
 
-    def on_post(l):
-        def f(x, hook):
-            d_mlp = state.pop(("mlp_delta", l), None)
-            if d_mlp is not None:
-                x = x - d_mlp  # the MLP read a changed input; the residual stream does not carry it on
-            if l == L - 1:
-                d = deltas(g.receivers_of("logits"))
-                if d is not None:
-                    x = x + d[0]
-            return x
-        return f
+    def on_post(x, hook):
+        d = deltas(g.receivers_of("logits"))
+        return x if d is None else x + d[0]
 
     hooks = [("hook_embed", on_embed)]
     for l in range(L):
@@ -366,9 +367,13 @@ def _run(model, g: EdgeGraph, tokens: Tensor, *, weights: Tensor | None = None, 
         if g.has_mlp:
             hooks.append((f"blocks.{l}.hook_resid_mid", on_mid(l)))
             hooks.append((f"blocks.{l}.hook_mlp_out", on_mlp_out(l)))
-        if g.has_mlp or l == L - 1:
-            hooks.append((f"blocks.{l}.hook_resid_post", on_post(l)))
-    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    hooks.append((f"blocks.{L - 1}.hook_resid_post", on_post))
+    handles = [model.blocks[l].mlp.register_forward_pre_hook(mlp_input(l)) for l in range(L)] if g.has_mlp else []
+    try:
+        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    finally:
+        for h in handles:
+            h.remove()
     missing = [g.senders[i].name for i, a in enumerate(acts) if a is None]
     if missing:
         raise ValueError(f"model {type(model).__name__}: the hooks of senders {missing[:4]} did not fire; edge "
