@@ -55,7 +55,7 @@ import pandas as pd
 from circuitfade.io import content_hash
 
 __all__ = ["Outcome", "Claim", "Verdict", "Declaration", "at_least", "at_most", "all_of", "any_of", "grade",
-           "verdict_table", "VERDICT_COLUMNS"]
+           "verdict_table", "VERDICT_COLUMNS", "Provenance", "PROVENANCE_COLUMNS", "seeds_cell"]
 
 Decision = "bool | None"
 
@@ -135,6 +135,40 @@ def grade(full: bool | None, part: bool | None, *, have: bool = True, testable: 
     return Outcome.INCONCLUSIVE
 
 
+# ----------------------------------------------------------------------------- provenance
+class Provenance(str, enum.Enum):
+    """When a claim's rule was fixed, relative to the results it grades (the words written in
+    verdict tables). Only ``DECLARED_BEFORE`` makes a verdict a test that could have failed
+    unseen; the others say that the rule was written, or changed, with the results in view."""
+
+    DECLARED_BEFORE = "declared before the runs"
+    DECLARED_AFTER = "declared after the results"
+    RESTATED = "restated after the results"
+    NOT_DECLARED = "not declared"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, word: str) -> "Provenance":
+        """The provenance whose word is ``word``; ``ValueError`` for any other word."""
+        for p in cls:
+            if str(word) == p.value:
+                return p
+        raise ValueError(f"not a provenance word: {word!r}; expected one of {[p.value for p in cls]}")
+
+
+def seeds_cell(run: int | None, declared: int | None) -> str:
+    """``"1 of 3"``: the seeds a claim's arms were run on (the fewest over its arms) against the
+    seeds declared; ``"—"`` when either is unknown."""
+    if run is None or declared is None:
+        return "—"
+    for name, x in (("run", run), ("declared", declared)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            raise ValueError(f"seeds_cell: {name} must be a non-negative integer, got {x!r}")
+    return f"{run} of {declared}"
+
+
 # ----------------------------------------------------------------------------- claims and verdicts
 @dataclass(frozen=True)
 class Claim:
@@ -165,6 +199,9 @@ class Verdict:
     ours: str
     outcome: Outcome
     note: str = ""  # appended to the verdict word, e.g. "(full rule undecided)"
+    provenance: Provenance | None = None  # when the rule was fixed relative to the results
+    seeds_run: int | None = None  # the fewest seeds any of the claim's arms was run on
+    seeds_declared: int | None = None  # the seeds the declaration asks for
 
     def __post_init__(self):
         if not isinstance(self.outcome, Outcome):
@@ -178,8 +215,24 @@ class Verdict:
     def not_run(cls, claim: Claim) -> "Verdict":
         return cls(claim, "—", Outcome.NOT_RUN)
 
+    @property
+    def short_of_seeds(self) -> bool:
+        """True when the claim's arms ran on fewer seeds than declared."""
+        return self.seeds_run is not None and self.seeds_declared is not None and self.seeds_run < self.seeds_declared
+
+    def checked_seeds(self) -> "Verdict":
+        """This verdict, or, when its arms ran on fewer seeds than declared, the same row graded
+        "not run (k of n seeds)": a claim graded on fewer seeds than its declaration asks for has
+        not been run as declared, whatever its rule would say on those seeds."""
+        if not self.short_of_seeds:
+            return self
+        return Verdict(self.claim, self.ours, Outcome.NOT_RUN, f"({self.seeds_run} of {self.seeds_declared} seeds)",
+                       self.provenance, self.seeds_run, self.seeds_declared)
+
 
 VERDICT_COLUMNS = ("claim", "ours", "study", "rule", "verdict")
+PROVENANCE_COLUMNS = ("seeds run", "provenance")
+"""Added after ``verdict`` by :func:`verdict_table` when any verdict states its seeds or provenance."""
 
 
 def verdict_table(verdicts: Sequence[Verdict], *, columns: Mapping[str, str] | None = None,
@@ -188,7 +241,9 @@ def verdict_table(verdicts: Sequence[Verdict], *, columns: Mapping[str, str] | N
 
     ``columns`` renames columns (e.g. ``{"ours": "ours (95% interval)"}``); ``extra`` adds
     columns, one value per verdict, in the given order before ``verdict``. A verdict whose
-    rule is "—" (not run) keeps it.
+    rule is "—" (not run) keeps it. When any verdict states its seeds or its provenance, two
+    columns follow ``verdict`` (:data:`PROVENANCE_COLUMNS`): ``seeds run`` ("1 of 3", "—" when
+    unknown) and ``provenance`` (a :class:`Provenance` word, "—" when not stated).
     """
     rows = []
     for v in verdicts:
@@ -198,6 +253,9 @@ def verdict_table(verdicts: Sequence[Verdict], *, columns: Mapping[str, str] | N
     df = pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
     for name, values in (extra or {}).items():
         df.insert(len(df.columns) - 1, name, list(values))
+    if any(v.provenance is not None or v.seeds_run is not None for v in verdicts):
+        df[PROVENANCE_COLUMNS[0]] = [seeds_cell(v.seeds_run, v.seeds_declared) for v in verdicts]
+        df[PROVENANCE_COLUMNS[1]] = ["—" if v.provenance is None else str(v.provenance) for v in verdicts]
     return df.rename(columns=dict(columns or {}))
 
 
