@@ -50,8 +50,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
+from circuitfade import stats
 from circuitfade.io import content_hash
 
 __all__ = ["Outcome", "Claim", "Verdict", "Declaration", "at_least", "at_most", "all_of", "any_of", "grade",
@@ -84,44 +86,75 @@ class Outcome(str, enum.Enum):
 
 
 # ----------------------------------------------------------------------------- interval rules
-def _nan(*xs: float) -> bool:
-    return any(x is None or (isinstance(x, float) and math.isnan(x)) for x in xs)
+def _rule_input(lo, hi, bound, fn: str) -> tuple[float, float, float]:
+    """An interval (NaN or ``None`` ends: unknown; ±inf: unbounded; inverted: refused) and a
+    threshold (a real number, NaN: unknown; ±inf refused), checked by :mod:`circuitfade.stats`."""
+    lo, hi = stats.check_interval(lo, hi, f"{fn}: interval")
+    return lo, hi, stats.check_number(bound, f"{fn}: bound")
 
 
 def at_most(lo: float, hi: float, bound: float) -> bool | None:
     """``x <= bound`` for an interval ``[lo, hi]`` of x: True if ``hi <= bound``, False if
-    ``lo > bound``, None (undecided) otherwise or when an end is NaN."""
-    if _nan(lo, hi):
+    ``lo > bound``, None (undecided) otherwise or when an end or the bound is NaN or ``None``.
+    ``ValueError`` for an inverted interval (``lo > hi``), an infinite bound or a non-number."""
+    lo, hi, bound = _rule_input(lo, hi, bound, "at_most")
+    if math.isnan(lo) or math.isnan(hi) or math.isnan(bound):
         return None
     return True if hi <= bound else (False if lo > bound else None)
 
 
 def at_least(lo: float, hi: float, bound: float) -> bool | None:
     """``x >= bound`` for an interval ``[lo, hi]`` of x: True if ``lo >= bound``, False if
-    ``hi < bound``, None otherwise."""
-    return at_most(-hi, -lo, -bound)
+    ``hi < bound``, None otherwise or when an end or the bound is NaN or ``None`` (the same
+    input contract as :func:`at_most`)."""
+    lo, hi, bound = _rule_input(lo, hi, bound, "at_least")
+    if math.isnan(lo) or math.isnan(hi) or math.isnan(bound):
+        return None
+    return True if lo >= bound else (False if hi < bound else None)
+
+
+def _decision(x, name: str) -> bool | None:
+    """A three-valued decision: ``True``, ``False`` (Python or numpy booleans, 0-d boolean arrays
+    included) or ``None`` (undecided); anything else is a ``ValueError`` naming ``name``."""
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype == np.bool_:
+        x = x.item()
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    raise ValueError(f"{name}: expected a decision True, False or None, got {x!r}")
 
 
 def all_of(*xs: bool | None) -> bool | None:
-    """Three-valued AND: False if any is False, True if all are True, else None."""
-    if any(x is False for x in xs):
+    """Three-valued AND: False if any is False, True if all are True, else None. With no
+    arguments: None (an empty conjunction decides nothing, so it never makes a rule hold)."""
+    ds = [_decision(x, f"all_of: argument {i}") for i, x in enumerate(xs)]
+    if any(d is False for d in ds):
         return False
-    return True if all(x is True for x in xs) else None
+    return True if ds and all(d is True for d in ds) else None
 
 
 def any_of(*xs: bool | None) -> bool | None:
-    """Three-valued OR: True if any is True, False if all are False, else None."""
-    if any(x is True for x in xs):
+    """Three-valued OR: True if any is True, False if all are False, else None (also with no
+    arguments)."""
+    ds = [_decision(x, f"any_of: argument {i}") for i, x in enumerate(xs)]
+    if any(d is True for d in ds):
         return True
-    return False if all(x is False for x in xs) else None
+    return False if ds and all(d is False for d in ds) else None
 
 
 def grade(full: bool | None, part: bool | None, *, have: bool = True, testable: bool = True) -> Outcome:
     """The outcome of a claim from its full and partial rule (table in the module docstring).
 
+    ``full``/``part``: three-valued decisions (Python or numpy booleans, or ``None``);
     ``have=False``: the claim's runs do not exist (NOT_RUN); ``testable=False``: they exist but
-    cannot speak to the claim (e.g. no run left the initial plateau: NOT_TESTABLE).
+    cannot speak to the claim (e.g. no run left the initial plateau: NOT_TESTABLE). Anything
+    else (a number, a string, a list of decisions) is a ``ValueError``.
     """
+    full, part = _decision(full, "grade: full"), _decision(part, "grade: part")
+    have, testable = _decision(have, "grade: have"), _decision(testable, "grade: testable")
+    if have is None or testable is None:
+        raise ValueError(f"grade: have and testable must be True or False, got have={have!r}, testable={testable!r}")
     if not have:
         return Outcome.NOT_RUN
     if not testable:
@@ -187,8 +220,11 @@ class Claim:
     fails_if: str = ""
 
     def __post_init__(self):
-        if not self.name or not self.rule:
+        if not isinstance(self.name, str) or not isinstance(self.rule, str) or not self.name or not self.rule:
             raise ValueError(f"Claim needs a name and a rule, got name={self.name!r}, rule={self.rule!r}")
+        for field_name in ("study", "statistic", "fails_if"):
+            if not isinstance(getattr(self, field_name), str):
+                raise ValueError(f"Claim.{field_name} must be a string, got {getattr(self, field_name)!r}")
 
 
 @dataclass(frozen=True)
@@ -260,13 +296,67 @@ def verdict_table(verdicts: Sequence[Verdict], *, columns: Mapping[str, str] | N
 
 
 # ----------------------------------------------------------------------------- declarations
+class _FrozenDict(dict):
+    """A ``dict`` that refuses every change: a declaration's data after it is declared. Reads,
+    ``==``, ``dict(...)``, ``{**d}`` and JSON work as for a ``dict`` (so the hash is unchanged)."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a Declaration's data cannot change; declare a new version instead")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self):
+        return (_FrozenDict, (dict(self),))
+
+
+class _FrozenList(list):
+    """A ``list`` that refuses every change (see :class:`_FrozenDict`)."""
+
+    _refuse = _FrozenDict._refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = append = clear = extend = insert = pop = remove = _refuse
+    reverse = sort = _refuse
+
+    def __reduce__(self):
+        return (_FrozenList, (list(self),))
+
+
+def _freeze(x: Any, where: str) -> Any:
+    """A deep, frozen copy of JSON data (dicts, lists, tuples, strings, numbers, booleans, None)."""
+    if isinstance(x, Mapping):
+        for k in x:
+            if not isinstance(k, (str, int, float, bool)) and k is not None:
+                raise ValueError(f"Declaration.data: key {k!r} at {where} is not a JSON key")
+        return _FrozenDict({k: _freeze(v, f"{where}.{k}") for k, v in x.items()})
+    if isinstance(x, list):
+        return _FrozenList(_freeze(v, f"{where}[{i}]") for i, v in enumerate(x))
+    if isinstance(x, tuple):
+        return tuple(_freeze(v, f"{where}[{i}]") for i, v in enumerate(x))
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return x
+    raise ValueError(f"Declaration.data: {where} holds {x!r}, which is not JSON data")
+
+
+def _thaw(x: Any) -> Any:
+    """Plain ``dict``/``list`` copies of frozen data (tuples stay tuples: JSON writes both as lists)."""
+    if isinstance(x, Mapping):
+        return {k: _thaw(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_thaw(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_thaw(v) for v in x)
+    return x
+
+
 @dataclass(frozen=True)
 class Declaration:
     """A study's protocol fixed before its runs: scans, seeds, arms, rules (any JSON data).
 
     ``name`` and ``version`` identify it; :meth:`sha256` hashes the whole declaration
     (canonical JSON), so a results file that records the hash says exactly which protocol
-    produced it. Edit the data only by declaring a new ``version``.
+    produced it. The data is deep-copied and frozen when declared: changing the dict it was
+    built from changes nothing, and changing ``data`` (at any depth) raises ``TypeError``; a
+    change is a new ``version``. ``ValueError`` for an empty name, a version that is not a
+    positive integer, or data that is not a mapping of JSON values.
     """
 
     name: str
@@ -274,11 +364,17 @@ class Declaration:
     data: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Declaration.name must be a non-empty string, got {self.name!r}")
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
             raise ValueError(f"Declaration.version must be a positive integer, got {self.version!r}")
+        if not isinstance(self.data, Mapping):
+            raise ValueError(f"Declaration.data must be a mapping, got {type(self.data).__name__}")
+        object.__setattr__(self, "data", _freeze(self.data, "data"))
 
     def payload(self) -> dict:
-        return {"name": self.name, "version": self.version, "data": dict(self.data)}
+        """``{"name", "version", "data"}`` as plain (unfrozen) JSON data: what :meth:`sha256` hashes."""
+        return {"name": self.name, "version": self.version, "data": _thaw(self.data)}
 
     def sha256(self) -> str:
         return content_hash(self.payload())

@@ -44,6 +44,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from circuitfade import stats
+
 __all__ = ["source_attention", "label_alignment", "activation_alignment", "combine_parts", "crossing_step",
            "fit_crossing", "predict_crossing", "relative_errors", "median_interval", "SUMMARIES"]
 
@@ -224,15 +226,12 @@ def relative_errors(predicted: Sequence[float], actual: Sequence[float]) -> np.n
 def median_interval(x: Sequence[float], *, n_boot: int = 4000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
     """Median with a percentile-bootstrap interval over the entries (infinite entries allowed).
 
-    ``(median, lo, hi)``; one entry gives ``(value, NaN, NaN)`` (no interval from one value);
-    ``n_boot < 2`` is refused (``ValueError``)."""
-    v = np.asarray(x, dtype=float)
-    if v.ndim != 1 or len(v) == 0 or np.any(np.isnan(v)):
+    ``(median, lo, hi)``: :func:`circuitfade.stats.bootstrap_median` with ``inf=True`` (ends read
+    without interpolation, so infinite errors stay infinite); one entry gives ``(value, NaN, NaN)``
+    (no interval from one value); an empty or NaN-holding ``x`` and ``n_boot < 2`` are refused
+    (``ValueError``)."""
+    if isinstance(x, (str, bytes)) or np.ndim(x) != 1 or len(x) == 0:
         raise ValueError("median_interval: expected a non-empty 1-d array without NaN")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 2:
+    if isinstance(n_boot, (bool, np.bool_)) or not isinstance(n_boot, (int, np.integer)) or n_boot < 2:
         raise ValueError(f"median_interval: n_boot must be an int >= 2, got {n_boot!r}")
-    if len(v) == 1:
-        return float(v[0]), float("nan"), float("nan")
-    b = np.median(np.random.default_rng(seed).choice(v, size=(int(n_boot), len(v))), axis=1)
-    a = (1 - level) / 2  # "lower"/"higher": no interpolation, so infinite entries stay infinite, never NaN
-    return float(np.median(v)), float(np.quantile(b, a, method="lower")), float(np.quantile(b, 1 - a, method="higher"))
+    return stats.bootstrap_median(x, n=n_boot, seed=seed, level=level, inf=True)
