@@ -159,10 +159,41 @@ def _ignition_v2(good: bool):
     return ignition.dose_verdicts((0, 8), (8, 8)) if good else ignition.dose_verdicts((3, 8), (4, 8))
 
 
+# ------------------------------------------------------------------ version 3 planted inputs
+def _abl3(part: float, other: float, n: int = 9) -> pd.DataFrame:
+    """Cells K x seed whose parts leave ``part`` x (K-1)/K and whose non-part heads leave ``other``."""
+    rows = []
+    for i in range(n):
+        k = 2 + i % 3
+        rows += [{"kind": "part", "k": k, "seed": i, "part": f"p{j}", "retained": part * (k - 1) / k,
+                  "partial_credit": (k - 1) / k} for j in range(k)]
+        rows += [{"kind": "random", "k": k, "seed": i, "part": f"r{j}", "retained": other,
+                  "partial_credit": (k - 1) / k} for j in range(2)]
+    return pd.DataFrame(rows)
+
+
+def _parts_v3(good: bool):
+    if good:
+        return unpinned.unpinned_verdicts_v3(_abl3(0.0, 1.0), None, None)[0]
+    credit_fails = unpinned.unpinned_verdicts_v3(_abl3(1.0, 1.0), None, None)[0]  # identified, partial credit
+    random_fails = unpinned.unpinned_verdicts_v3(_abl3(0.0, 0.5), None, None)[0]  # identified, non-parts matter
+    return pd.concat([credit_fails.iloc[:1], random_fails.iloc[1:2]], ignore_index=True)
+
+
+def _cure_v3(good: bool):
+    if good:  # the published pattern
+        return withheld.cure_verdicts_v3({"none": (0, 6), "qk": (6, 6), "ov": (0, 6)})
+    qk_fails = withheld.cure_verdicts_v3({"none": (0, 6), "qk": (0, 6), "ov": (0, 6)})
+    ov_fails = withheld.cure_verdicts_v3({"none": (0, 6), "qk": (6, 6), "ov": (6, 6)})
+    return pd.concat([qk_fails.iloc[:1], ov_fails.iloc[1:]], ignore_index=True)
+
+
 CASES = {("parts", 1): _parts, ("cure", 1): _cure,
          ("ignition", 1): _ignition, ("precursor", 1): _precursor, ("occupation", 1): _occupation,
          ("anneal", 1): _anneal, ("fdt", 1): _fdt, ("parts", 2): _parts_v2, ("cure-pilot", 2): _pilot,
-         ("cure", 2): _cure_v2, ("fdt", 2): _fdt_v2, ("precursor", 2): _precursor_v2, ("ignition", 2): _ignition_v2}
+         ("cure", 2): _cure_v2, ("fdt", 2): _fdt_v2, ("precursor", 2): _precursor_v2, ("ignition", 2): _ignition_v2,
+         ("parts", 3): _parts_v3, ("cure", 3): _cure_v3, ("forced", 3): lambda good: pd.DataFrame(
+             columns=list(VERDICT_COLUMNS))}
 RULES = [(key, claim) for key in DECLARATIONS for claim in DECLARATIONS[key].data["rules"]]
 
 
@@ -199,7 +230,8 @@ def test_version_2_tables_carry_apparatus_and_protocol():
 
 def test_the_series_row_and_the_pinned_control_follow_the_credit_rule():
     table, summary = unpinned.unpinned_verdicts(_abl([1.0] * 9, 1.0), _abl([0.0] * 9, 1.0), _series(1.7))
-    assert list(table.verdict) == ["not reproduced", "reproduced", "reproduced", "not reproduced"]
+    assert list(table.verdict) == ["not reproduced", "reproduced", "forced by the apparatus", "not reproduced"]
+    assert "the rule's own word: reproduced" in table.ours.iloc[2]
     assert list(table.apparatus)[-1].startswith("developing series") and summary["series"]["n"] == 6
     few, _ = unpinned.unpinned_verdicts(_abl([0.0] * 3, 1.0), None, None)
     assert list(few.verdict) == ["inconclusive", "reproduced", "not run", "not run"]
@@ -222,3 +254,129 @@ def test_smoothness_statistic_on_planted_curves():
     assert withheld.smoothness([1e-9, 1e-8, 1e-7]) == math.inf  # at the floor, then up: no fall
     with pytest.raises(ValueError, match="two finite"):
         withheld.smoothness([1.0])
+
+
+# ------------------------------------------------------------------ version 3 through the study's own code path
+def _redundant_model(task, margin: float = 10.0):
+    """A planted conjunction in which two heads carry each input: heads ``j`` and ``K + j`` both attend to input
+    ``j`` and write its one-hot on the same K x V block of the residual; an MLP unit per input tuple fires only
+    when every block is on (threshold 2K - 1.2: both heads give 2, one head mean-ablated gives about 4/3), so
+    either head of a pair alone is enough. Ablating any single head leaves the capability."""
+    import itertools
+
+    import torch
+
+    from circuitfade.tasks.kpart import hand_built_model
+
+    k, v = task.k, task.v
+    model, _ = hand_built_model(task, pinned=False, spare_heads=k)
+    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+    base = task.n_ctx + task.d_vocab + 2 + v  # the residual after the answer directions is free
+    assert base + k * v <= model.cfg.d_model and v ** k <= model.cfg.d_mlp
+    with torch.no_grad():
+        for w in (attn.W_V, attn.W_O, mlp.W_in, mlp.b_in, mlp.W_out):
+            w.zero_()
+        a = float(attn.W_Q[0].abs().max())  # the hand-set routing score of every head
+        for j in range(k):
+            for h in (j, k + j):
+                attn.W_Q[h] = attn.W_Q[0]
+                attn.W_K[h] = 0.0
+                attn.W_K[h, task.positions[j], 0] = a  # the position one-hot of input j
+                attn.W_V[h, task.n_ctx + torch.arange(v), torch.arange(v)] = 1.0  # value token t -> dim t
+                attn.W_O[h, torch.arange(v), base + j * v + torch.arange(v)] = 1.0
+        for u, tup in enumerate(itertools.product(range(v), repeat=k)):
+            for j, t in enumerate(tup):
+                mlp.W_in[base + j * v + t, u] = 1.0
+            mlp.b_in[u] = -(2 * k - 1.2)
+            answer = sum(int(task.perms[j][t]) for j, t in enumerate(tup)) % v
+            mlp.W_out[u, task.n_ctx + task.d_vocab + 2 + answer] = margin
+    model.eval()
+    return model
+
+
+def _cells(build, ks=(2, 3), seeds=range(3), batch=None):
+    from circuitfade.tasks import eval_set, make_task
+
+    frames = []
+    for k in ks:
+        task = make_task("kpart", k=k, v=3, n_distractors=1)
+        model = build(task)
+        for seed in seeds:
+            b = eval_set(task, n=256, seed=seed) if batch is None else batch(task, seed)
+            rows, _ = unpinned.ablate_cell(model, task, b, k=k, seed=seed, methods=("mean",))
+            frames.append(rows)
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_redundant_routes_are_not_testable_in_version_3_never_no_partial_credit():
+    from circuitfade.gating.evaluation import evaluate_batch
+    from circuitfade.tasks import eval_set, make_task
+
+    task = make_task("kpart", k=3, v=3, n_distractors=1)
+    model = _redundant_model(task)
+    assert float(evaluate_batch(model, task, eval_set(task, n=256, seed=0))["accuracy"]) == 1.0
+    rows = _cells(_redundant_model)
+    assert rows.retained.min() > 0.9  # every single head, part or not, is dispensable
+    table, summary = unpinned.unpinned_verdicts_v3(rows, None, None)
+    assert summary["unpinned"]["identified"] == 0
+    assert list(table.verdict[:2]) == ["not testable (parts not identified)"] * 2
+    old, _ = unpinned.unpinned_verdicts(rows, None, None)  # version 2: a verdict for the wrong reason
+    assert old.verdict.iloc[0] == "not reproduced" and "partial credit" in old.ours.iloc[0]
+
+
+def test_planted_conjunction_and_additive_circuits_pass_identification_and_get_their_verdicts():
+    import torch
+
+    from circuitfade.tasks.kpart import additive_batch, hand_built_additive_model, hand_built_model
+
+    conj = _cells(lambda t: hand_built_model(t, pinned=False)[0])
+    table, summary = unpinned.unpinned_verdicts_v3(conj, None, None)
+    assert summary["unpinned"]["identified"] == 6
+    assert list(table.verdict[:2]) == ["reproduced", "reproduced"]  # no partial credit; non-parts leave 100%
+    add = _cells(lambda t: hand_built_additive_model(t, pinned=False)[0],
+                 batch=lambda t, s: additive_batch(t, 256, torch.Generator().manual_seed(s)))
+    table, summary = unpinned.unpinned_verdicts_v3(add, None, None)
+    assert summary["unpinned"]["identified"] == 6
+    assert table.verdict.iloc[0] == "not reproduced" and "partial credit" in table.ours.iloc[0]
+
+
+def test_identification_needs_every_part_below_every_non_part_head():
+    cells = unpinned.identification(_abl3(0.0, 1.0, n=3), ["k", "seed"])
+    assert cells.identified.all() and list(cells.part_max) == [0.0] * 3
+    rows = _abl3(0.0, 1.0, n=3)
+    rows.loc[(rows.seed == 1) & (rows.kind == "random"), "retained"] = 0.05  # a non-part head matters as much
+    assert list(unpinned.identification(rows, ["k", "seed"]).identified) == [True, False, True]
+    with pytest.raises(ValueError, match="lack columns"):
+        unpinned.identification(rows.drop(columns=["kind"]), ["k", "seed"])
+
+
+def test_cure_v3_says_yes_to_the_published_pattern_and_no_where_the_data_cannot_speak():
+    words = lambda c, **kw: [v.word for v in withheld.count_rows_v3(c, **kw)]  # noqa: E731
+    assert words({"none": (0, 6), "qk": (6, 6), "ov": (0, 6)}) == ["reproduced", "reproduced"]  # v2: not testable
+    assert words({"none": (0, 6), "qk": (0, 6), "ov": (6, 6)}) == [
+        "not reproduced", "not testable (no arm shows a cure is possible at this W)"]
+    assert words({"none": (0, 6), "qk": (6, 6), "ov": (6, 6)}) == ["reproduced", "not reproduced"]
+    assert all(w.startswith("not testable (untreated arm at n/n")
+               for w in words({"none": (10, 10), "qk": (9, 10), "ov": (10, 10)}))
+    pinned = words({"none": (0, 6), "qk": (0, 6), "ov": (0, 6)}, pinned=True)
+    assert pinned[0] == "forced by the apparatus" and pinned[1].startswith("not testable")
+    v2 = [v.word for v in withheld.cure_verdicts_v2({"none": (0, 6), "qk": (6, 6), "ov": (0, 6)})]
+    assert all(w.startswith("not testable") for w in v2)  # version 2 as it ran, unchanged
+
+
+def test_forced_outcomes_are_never_reproduced_in_version_1_tables():
+    from studies.alignment.protocol import forced_v1
+
+    good = forced_v1(_parts(True), "parts")
+    assert _word(good, "no partial credit: one part ablated leaves little") == "forced by the apparatus"
+    assert _word(good, "a random non-part head leaves ~100%") == "forced by the apparatus"
+    assert _word(good, "rate equation with frozen constants predicts held-out waits") == "reproduced"
+    zero = forced_v1(cure.cure_verdicts({"qk": (0, 6), "ov": (0, 6)}, 30000), "cure", every_arm_zero=True)
+    assert set(zero.verdict.iloc[1:]) == {"forced by the apparatus"}
+    assert "the rule's own word: reproduced" in zero.ours.iloc[2]
+    some = forced_v1(cure.cure_verdicts({"qk": (6, 6), "ov": (0, 6)}, 1000), "cure")
+    assert _word(some, "cure: re-initialising only the OV slices does nothing") == "reproduced"
+    assert _word(forced_v1(_fdt(True), "fdt"), "FDT: plain SGD obeys Yaida's relation <theta.g> = (lr/2)<|g|^2> "
+                                                "at stationarity") == "forced by the apparatus"
+    ign = forced_v1(_ignition(True), "ignition")
+    assert (ign.verdict == "forced by the apparatus").sum() == 1

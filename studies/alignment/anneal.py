@@ -563,7 +563,7 @@ def _markdown(*, seeds, out, form, clipfrac, cpu, wall_s, failed, v, mp, t_hot, 
         f"ignition + margin (steps {form}). Fraction of steps with a clipped gradient (median over melt runs "
         f"at T >= T_hot): {clipfrac}. Rules: `studies.alignment.anneal` docstring. Kept = accuracy on "
         f"512 fresh sequences above 2/3 (the ignition level). Exact 95% binomial intervals. Training CPU "
-        f"{cpu / 60:.1f} core-min; wall {wall_s / 60:.1f} min (finished jobs reused); "
+        f"{cpu / 60:.1f} core-min (finished jobs reused); "
         f"{len(failed)} failed or circuit-less jobs.", "",
         markdown_table(v), "",
         f"Melt ({MELT_STEPS} steps at constant T from the formed circuit). Melting point: "

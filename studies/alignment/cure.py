@@ -46,7 +46,7 @@ from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import (base_config, cure_row, first_acc, from_source, job_key,
                                          run_cached_jobs, until_ignition)
-from studies.alignment.protocol import CURE_V1, stamp, stamped
+from studies.alignment.protocol import CURE_V1, forced_v1, stamp, stamped
 
 __all__ = ["K", "WS", "BUDGET", "CURE_SEEDS", "STUDY_CURE", "withheld_config", "withheld_job", "cure_job",
            "scan_table", "critical_w", "cure_verdicts", "cure_figure", "run"]
@@ -358,7 +358,8 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     arms = pd.DataFrame(arms)
     arms[["lo", "hi"]] = [binomial_exact_interval(int(i), int(n)) for i, n in zip(arms.ignited, arms.seeds)]
     v = cure_verdicts(counts, w_crit)
-    v = stamped(v, "cure", 1, "pinned")
+    zero = w_crit is not None and all(counts.get(a, (1, 1))[0] == 0 for a in ("qk", "ov"))
+    v = stamped(forced_v1(v, "cure", every_arm_zero=zero), "cure", 1, "pinned")
     v.to_csv(out / "cure_verdicts.csv", index=False)
     save_figure(cure_figure(scan, arms), out / "fig_cure", png=png)
     cpu = float(wdf.cpu_s.fillna(0).sum()) + float(cdf.cpu_s.fillna(0).sum()) if "cpu_s" in cdf else 0.0
@@ -368,7 +369,7 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
         f"(`switch0->{CAP_SHARE}@W`); ignited = ignition within {BUDGET} steps of the switch. Seeds {S}. "
         f"Critical W (smallest W with no seed igniting): {w_crit}. Cure at W = {w_cure}: the QK or OV slices of "
         f"the parts (0,0..{K - 1}) re-initialised, optimizer state kept. Exact 95% binomial intervals. "
-        f"Training CPU {cpu / 60:.1f} core-min; wall {(time.time() - t0) / 60:.1f} min (finished jobs reused); "
+        f"Training CPU {cpu / 60:.1f} core-min (finished jobs reused); "
         f"{len(failed)} failed jobs.", "",
         "Withholding scan (delay = ignition step - W over the igniting seeds, median with bootstrap 95% interval "
         "[delay_lo, delay_hi]; damage at the switch, `cure.damage()`, median over the seeds, on 512 base "

@@ -69,7 +69,7 @@ from circuitfade.viz.report import markdown_table
 from studies.alignment import anneal as A
 from studies.alignment.anneal import CLIP, LR_SGD
 from studies.alignment.apparatus import cached_job, is_pinned
-from studies.alignment.protocol import FDT_V1, stamp, stamped, declared, rules_of, verdict_frame
+from studies.alignment.protocol import FDT_V1, declared, forced_v1, rules_of, stamp, stamped, verdict_frame
 
 __all__ = ["FDT_STEPS", "FDT_T", "FDT_WD", "SPREAD_TOL", "anneal_demo", "fdt_job", "fdt_verdicts", "param_family",
            "run", "sgd_fdt_run", "thermal_call", "ZERO_GRADIENT", "family_without", "fdt_verdicts_v2", "run_unpinned"]
@@ -338,7 +338,7 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
     done = [r for r in runs if r["status"] == "done"]
     failed = [r for r in runs if r["status"] != "done"]
     v = fdt_verdicts(runs)
-    v = stamped(v, "fdt", 1, "pinned")
+    v = stamped(forced_v1(v, "fdt"), "fdt", 1, "pinned")
     v.to_csv(out / "fdt_verdicts.csv", index=False)
     tab = pd.DataFrame([{"arm": r["arm"], "seed": r["seed"], "acc_final": r["acc_final"],
                          "clipped_frac": r["clipped_frac"], "yaida_rel": r["yaida"]["relative"],
@@ -363,7 +363,7 @@ def run(*, out: str | Path = "results/alignment", seeds: int = FDT_SEEDS, progre
         f"{CLIP}), circuit formed at T = 0, then {FDT_STEPS} steps with ({FDT_WD:g}/2)|θ|² in the loss at T = 0 "
         f"(sgd) and T = {FDT_T:g} (langevin); statistics over the second half (batch means, 20 batches, 95%). "
         f"Seeds 0–{seeds - 1}. Rules: `studies.alignment.fdt` docstring. Training CPU {cpu / 60:.1f} "
-        f"core-min; wall {(time.time() - t_start) / 60:.1f} min (finished jobs reused); {len(failed)} failed or "
+        f"core-min (finished jobs reused); {len(failed)} failed or "
         f"circuit-less jobs.", "", markdown_table(v), "", "Per run:", "", fmt(tab), "",
         "Per parameter family (median over seeds; T_sgd = (lr/2)<|g_G|²>/d_G, SGD's own share):", "",
         fmt(gmed), ""]

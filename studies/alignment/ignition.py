@@ -75,7 +75,7 @@ from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import THRESHOLD, base_config, check_finite, first_acc, run_cached_jobs, until_ignition
 from studies.alignment.parts import load_constants, predict_wait
-from studies.alignment.protocol import IGNITION_V1, stamp, stamped, declared, rules_of, verdict_frame
+from studies.alignment.protocol import IGNITION_V1, declared, forced_v1, rules_of, stamp, stamped, verdict_frame
 
 __all__ = ["K", "SWITCH", "BUDGET", "SHARE_IN_FIT", "ABOVE_SHARE", "BELOW_SHARE", "SCAN_SHARES", "STUDY_IGNITION",
            "share_to_drive", "floor_share", "budget_share", "predictions", "ignition_config", "ignition_specs",
@@ -399,8 +399,8 @@ def _markdown(*, frozen: Path, runs, ok, table, ltable, bracket, v, failed, agre
         f"(seeds 0-{ABOVE_SEEDS - 1}), below p = {BELOW_SHARE} (seeds 0-{BELOW_SEEDS - 1}); scan "
         f"{list(SCAN_SHARES)} (seeds 0-{SCAN_SEEDS - 1}). Capability flat at chance before the switch in "
         f"{int(ok.flat_before_switch.sum())}/{len(ok)} runs (largest pre-switch accuracy "
-        f"{ok.pre_switch_max_acc.max():.3f}; chance 0.333). Training CPU {cpu / 60:.1f} core-min; wall "
-        f"{wall_s / 60:.1f} min (finished jobs reused); {len(failed)} failed jobs.", "",
+        f"{ok.pre_switch_max_acc.max():.3f}; chance 0.333). Training CPU {cpu / 60:.1f} core-min "
+        f"(finished jobs reused); {len(failed)} failed jobs.", "",
         "Per share (ignited with exact 95% interval; delay = ignition step - switch, median over igniting runs "
         "with bootstrap 95% interval; predicted_delay = `predict_wait(K, p)`):", "",
         markdown_table(shown.round(4)) if len(shown) else "(no runs)", "",
@@ -431,7 +431,7 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     specs = ignition_specs()
     shares = sorted({s["share"] for s in specs})
     pred = predictions(c, shares)
-    pred.to_csv(out / "ignition_predictions.csv", index=False)  # written before any run of this call
+    pred.to_csv(out / "ignition_predictions.csv", index=False, float_format="%.12g")  # before any run of this call
     p_floor, p_budget = floor_share(c), budget_share(c)
     t0 = time.time()
     res = run_cached_jobs(ignition_job, specs, out, workers=workers, progress=progress, desc="ignition jobs")
@@ -465,7 +465,7 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     v = ignition_verdicts(above, below, delay=delay, predicted_delay=float(pred.set_index("share")
                                                                            .predicted_delay[ABOVE_SHARE]),
                           flat=flat, p_budget=p_budget, p_floor=p_floor, bracket=bracket, long=long)
-    v = stamped(v, "ignition", 1, "pinned")
+    v = stamped(forced_v1(v, "ignition"), "ignition", 1, "pinned")
     v.to_csv(out / "ignition_verdicts.csv", index=False)
     if len(table):
         save_figure(ignition_figure(table, c, long_table=ltable), out / "fig_ignition", png=png)

@@ -330,7 +330,7 @@ def _markdown(*, runs, ok, curves, const, sens, c, frozen: Path, failed, err, v,
         f"(predicted ignition = t_c + lead / drive), fit median relative error {c['fit_median_rel_error']:.1%} "
         f"on {c['n_fit']} fit runs. {len(runs) - len(ok)} censored or failed runs ({len(failed)} failed). "
         f"Part attention on its source at step 0: min {min(att0) if att0 else float('nan'):.4f} (pinned). "
-        f"Training CPU {cpu / 60:.1f} core-min; wall {wall_s / 60:.1f} min (finished jobs reused).", "",
+        f"Training CPU {cpu / 60:.1f} core-min (finished jobs reused).", "",
         "Held-out median relative error: " + ("—" if err is None else
                                               f"{err[0]:.1%} [{err[1]:.1%}, {err[2]:.1%}] (bootstrap 95% over runs)"),
         "", markdown_table(by_split.round(3)), "", "Level scan on the fit runs (the level with the smallest fit error is frozen):", "",

@@ -16,6 +16,11 @@ new version, and ``results.md`` shows the outcomes of both.
   fail (each has a planted failing case in the tests). The cure's confirmatory W comes from a
   pilot that is declared as a pilot (``cure-pilot``) before it ran; the confirmatory declaration
   (``cure`` v2) records the pilot's hash.
+* **Version 3**, declared after the version-2 results and labelled so, re-judges the same jobs (no
+  new runs): a part-level verdict only after a per-cell positive control shows the parts were
+  identified (:data:`PARTS_V3`), a cure rule that can say "reproduced" where the published pattern
+  would appear (:data:`CURE_V3`), and outcomes the apparatus forces relabelled "forced by the
+  apparatus" (:data:`FORCED_V3`, :func:`forced`).
 
 Seed counts from power targets (checked by the tests with :mod:`studies.alignment.power`):
 
@@ -34,10 +39,11 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from circuitfade.claims import Declaration, Verdict, verdict_table
+from circuitfade.claims import Declaration, Outcome, Verdict, verdict_table
 
 __all__ = ["DECLARATIONS", "declared", "stamp", "APPARATUS_OF", "CURE_SEEDS_V2", "IGNITION_SEEDS_V2",
-           "POWER_TARGETS", "rules_of", "CURE_V2", "CURE_PILOT_V2", "verdict_frame", "stamped", "VERDICT_COLUMNS"]
+           "POWER_TARGETS", "rules_of", "CURE_V2", "CURE_PILOT_V2", "verdict_frame", "stamped", "VERDICT_COLUMNS",
+           "PARTS_V3", "CURE_V3", "FORCED_V3", "AFTER_V2", "IDENTIFY_MARGIN", "MIN_IDENTIFIED", "forced", "forced_v1"]
 
 # ----------------------------------------------------------------------------- version 1 (as it ran)
 _APPARATUS_V1 = {"task": {"name": "kpart", "v": 3, "n_distractors": 1}, "model": "kpart_model(task) (pinned)",
@@ -293,14 +299,86 @@ IGNITION_V2 = Declaration("alignment.ignition", 2, {
             "otherwise"},
 })
 
+# ----------------------------------------------------------------------------- version 3 (after the v2 results)
+AFTER_V2 = ("declared after the version-2 results were known: an audit found that the v2 credit verdict never "
+            "checked that the parts it ablated had been identified, and that the v2 cure rule could not say "
+            "'reproduced' where the published pattern would appear; version 2 stays as it ran")
+IDENTIFY_MARGIN = 0.1
+MIN_IDENTIFIED = 6
+
+PARTS_V3 = Declaration("alignment.parts", 3, {
+    "declared": AFTER_V2,
+    "jobs": "no new runs: alignment.parts v2's unpinned jobs, v1's pinned jobs and the developing series, re-judged",
+    "identification": {
+        "control": "per cell, a positive control before any part-level verdict: every identified part, ablated "
+                   "alone, leaves at least 0.1 less of the capability (retained) than every non-part head ablated "
+                   "alone (mean ablation on 512 sequences: 0.1 is about three standard errors of a retained "
+                   "fraction); a cell without a non-part head ablation is not identified",
+        "margin": IDENTIFY_MARGIN, "min_cells": MIN_IDENTIFIED,
+        "selection": "the control compares parts with non-part heads, not with (K-1)/K: an additive circuit "
+                     "(parts leave (K-1)/K, non-parts 1) passes it and is judged partial credit"},
+    "forced": "on the pinned apparatus every part is the only route for its input and the spare heads read a "
+              "distractor, so both outcomes hold in any model: reported as 'forced by the apparatus'",
+    "rules": {
+        "no partial credit, parts identified first: one part ablated leaves little":
+            "only cells whose parts pass the identification control; credit ratio c = retained / ((K-1)/K) per "
+            "cell; reproduced if the distribution-free 95% interval of the median c lies below 0.5, not "
+            "reproduced if it lies above 0.5, inconclusive otherwise; not testable (parts not identified) if "
+            "fewer than 6 cells pass the control",
+        "a random non-part head leaves ~100%, parts identified first":
+            "the non-part heads of the cells that pass the identification control; reproduced if their median "
+            "retained is >= 95%, partly if >= 80%, not reproduced otherwise; not testable (parts not identified) "
+            "if fewer than 6 cells pass the control"},
+})
+
+_QK3 = "cure: re-initialising the QK slices restores learnability (vs untreated at the same W)"
+_OV3 = "cure: re-initialising the value slices does nothing (vs untreated at the same W)"
+CURE_V3 = Declaration("alignment.cure", 3, {
+    "declared": AFTER_V2,
+    "jobs": "no new runs: alignment.cure v2's confirmatory arms (unpinned, W = 10000) and v1's pinned arms "
+            "(W = 10000, 30000), re-judged",
+    "changed": "v2 said 'not testable' whenever the untreated arm was at 0/n or n/n, so the published pattern "
+               "(untreated 0/6, QK 6/6, value 0/6) could never be reproduced; now only an untreated arm at n/n "
+               "(nothing withheld to restore) is not testable, and the value row is judged only where the QK "
+               "row shows that a cure is possible at that W (its positive control)",
+    "forced": "on the pinned apparatus the parts' query-key weights cannot move their attention: the QK row is "
+              "forced by the apparatus there",
+    "rules": {
+        _QK3: "reproduced if one-sided Fisher exact p(QK > untreated) < 0.05; not reproduced if the QK rate is not "
+              "above the untreated rate; inconclusive otherwise; not testable if the untreated arm is at n/n",
+        _OV3: "judged only where the QK row is reproduced: not reproduced if either one-sided Fisher exact test "
+              "(value > untreated, value < untreated) has p < 0.05, reproduced if neither has and the rates "
+              "differ by at most 0.2, inconclusive otherwise; not testable if the untreated arm is at n/n or the "
+              "QK row is not reproduced (no arm shows a cure is possible)"},
+})
+
+FORCED_V3 = Declaration("alignment.forced", 3, {
+    "declared": "after the version-1 and version-2 results: a relabelling of outcomes, not a new rule",
+    "outcome": "forced by the apparatus",
+    "meaning": "the rule's outcome holds in any model of the apparatus (or of the arm), so it tests nothing; the "
+               "row keeps the rule's own word in its 'ours' column",
+    "rows": {
+        "parts v1 and v2, pinned: no partial credit, and a random non-part head leaves ~100%":
+            "every part is the only route for its input on a shortcut-free task and the spare heads read a "
+            "distractor",
+        "cure v1, pinned: the QK cure": "the pin fixes the parts' attention: their query-key slices are inert",
+        "cure v1, pinned: the OV cure does nothing, when every arm is at 0/n":
+            "nothing restores ignition at that W, so 'does nothing' cannot fail",
+        "ignition v1: below the floor it never ignites (share 0.005)":
+            "the share lies 20-40x under the measured threshold bracket (0.1, 0.2]",
+        "fdt v1: Yaida's relation": "for plain SGD it telescopes to the change of |theta|^2, so under the "
+                                    "stationarity filter it cannot fail"},
+    "rules": {},
+})
+
 DECLARATIONS: dict[tuple[str, int], Declaration] = {
     (d.name.split(".", 1)[1], d.version): d
     for d in (PARTS_V1, CURE_V1, IGNITION_V1, PRECURSOR_V1, OCCUPATION_V1, ANNEAL_V1, FDT_V1,
-              PARTS_V2, CURE_PILOT_V2, CURE_V2, FDT_V2, PRECURSOR_V2, IGNITION_V2)
+              PARTS_V2, CURE_PILOT_V2, CURE_V2, FDT_V2, PRECURSOR_V2, IGNITION_V2, PARTS_V3, CURE_V3, FORCED_V3)
 }
 """``(experiment, version) -> Declaration``."""
 
-APPARATUS_OF = {1: "pinned", 2: "unpinned"}
+APPARATUS_OF = {1: "pinned", 2: "unpinned", 3: "unpinned (pinned rows labelled)"}
 
 
 def declared(name: str, version: int) -> Declaration:
@@ -333,6 +411,47 @@ def verdict_frame(verdicts: Sequence[Verdict], name: str, version: int, apparatu
     if len(app) != n:
         raise ValueError(f"verdict_frame: {len(app)} apparatus labels for {n} verdicts")
     return verdict_table(verdicts, extra={"apparatus": app, "protocol": [stamp(name, version)] * n})
+
+
+def forced(frame: pd.DataFrame, reasons: Mapping[str, str]) -> pd.DataFrame:
+    """``frame`` (a verdict table) with every row whose claim is in ``reasons`` relabelled "forced by the
+    apparatus" (:data:`FORCED_V3`): the rule's own word moves into ``ours`` with the reason; rows not run
+    (or already relabelled) are kept."""
+    out = frame.copy()
+    word = str(Outcome.FORCED)
+    for i in range(len(out)):
+        claim, verdict = out["claim"].iloc[i], str(out["verdict"].iloc[i])
+        if claim not in reasons or verdict.startswith((word, str(Outcome.NOT_RUN))):
+            continue
+        out.iloc[i, out.columns.get_loc("ours")] = (f"{out['ours'].iloc[i]}; the rule's own word: {verdict}; "
+                                                     f"forced: {reasons[claim]} ({FORCED_V3.stamp()})")
+        out.iloc[i, out.columns.get_loc("verdict")] = word
+    return out
+
+
+_V1_FORCED = {
+    "parts": {"no partial credit: one part ablated leaves little":
+              "parts v1 and v2, pinned: no partial credit, and a random non-part head leaves ~100%",
+              "a random non-part head leaves ~100%":
+              "parts v1 and v2, pinned: no partial credit, and a random non-part head leaves ~100%"},
+    "cure": {"cure: re-initialising only the QK slices of the parts restores learnability":
+             "cure v1, pinned: the QK cure"},
+    "ignition": {"ignition on schedule: below the floor it never ignites (share 0.005; below the predicted budget "
+                 "threshold, the rate-zero floor is ~0)": "ignition v1: below the floor it never ignites (share 0.005)"},
+    "fdt": {"FDT: plain SGD obeys Yaida's relation <theta.g> = (lr/2)<|g|^2> at stationarity": "fdt v1: Yaida's relation"},
+}
+_OV_ALL_ZERO = ("cure: re-initialising only the OV slices does nothing",
+                "cure v1, pinned: the OV cure does nothing, when every arm is at 0/n")
+
+
+def forced_v1(frame: pd.DataFrame, experiment: str, *, every_arm_zero: bool = False) -> pd.DataFrame:
+    """A version-1 verdict table of ``experiment`` with the rows :data:`FORCED_V3` names relabelled
+    (:func:`forced`); ``every_arm_zero``: the cure's arms all at 0/n, so its OV row is forced too."""
+    rows = FORCED_V3.data["rows"]
+    reasons = {claim: rows[key] for claim, key in _V1_FORCED.get(experiment, {}).items()}
+    if experiment == "cure" and every_arm_zero:
+        reasons[_OV_ALL_ZERO[0]] = rows[_OV_ALL_ZERO[1]]
+    return forced(frame, reasons)
 
 
 def stamped(frame: pd.DataFrame, name: str, version: int, apparatus: str) -> pd.DataFrame:

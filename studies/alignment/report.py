@@ -14,6 +14,7 @@ themselves are written to ``OUT/protocol.json``.
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -21,6 +22,7 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
+from circuitfade.claims import Outcome
 from circuitfade.cli import check_count
 from circuitfade.io import write_json
 from circuitfade.viz.plots import save_figure
@@ -38,9 +40,10 @@ from studies.alignment.apparatus import (
     V,
 )
 from studies.alignment.parts import KS, PARTS, PartsResult, run_parts, verdicts
-from studies.alignment.protocol import DECLARATIONS, VERDICT_COLUMNS, stamped
+from studies.alignment.protocol import DECLARATIONS, VERDICT_COLUMNS, forced_v1, stamped
 
-__all__ = ["EXPERIMENTS", "STANDALONE", "VERSION2", "collect_verdicts", "run", "build_parser", "main"]
+__all__ = ["EXPERIMENTS", "STANDALONE", "VERSION2", "collect_verdicts", "version_of", "findings", "run",
+           "build_parser", "main"]
 
 _STANDALONE_RUN: dict[str, Callable[..., dict]] = {
     "cure": lambda out, workers, progress, png: cure.run(out=out, workers=workers, progress=progress, png=png),
@@ -86,8 +89,7 @@ def _header(called: str, seeds: int, out: Path, with_series: bool, res: PartsRes
             f"first step half way from chance to 1 for {PATIENCE} evaluations in a row and for good (single dips "
             f"tolerated); runs stop {MARGIN} steps after ignition. Seeds {list(range(seeds))}.",
             f"Jobs: {0 if res.base is None else len(res.base)} base runs, {n_reinit} re-initialisation runs, "
-            f"{len(res.failed)} failed; training CPU time {res.cpu_s / 60:.1f} core-min; wall time of this call "
-            f"{wall_s / 60:.1f} min (finished jobs reused).", ""]
+            f"{len(res.failed)} failed; training CPU time {res.cpu_s / 60:.1f} core-min (finished jobs reused).", ""]
     if res.failed:
         head += ["**Failed jobs:**", ""] + [f"- {f.get('kind')} k={f.get('k')} m={f.get('m', '')} seed={f.get('seed')}: "
                                             f"{f.get('error')}" for f in res.failed] + [""]
@@ -99,7 +101,7 @@ def _verdict_file(out: Path, name: str) -> Path:
 
 
 def collect_verdicts(out: Path, parts_v1: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(version 2, version 1)`` verdict tables (:data:`~studies.alignment.protocol.VERDICT_COLUMNS`) from
+    """``(version 2 and later, version 1)`` verdict tables (:data:`~studies.alignment.protocol.VERDICT_COLUMNS`) from
     ``parts_v1`` (this call's part-1 verdicts) and every ``OUT/<experiment>_verdicts.csv`` present (this or an
     earlier call); version-1 files without the apparatus and protocol columns are stamped here."""
     v1 = [] if parts_v1 is None else [stamped(parts_v1, "parts", 1, "pinned")]
@@ -117,16 +119,62 @@ def collect_verdicts(out: Path, parts_v1: pd.DataFrame | None) -> tuple[pd.DataF
     return (pd.concat(v2, ignore_index=True) if v2 else empty), (pd.concat(v1, ignore_index=True) if v1 else empty)
 
 
+def version_of(protocol: str) -> int:
+    """The declaration version in a ``protocol`` stamp (``"alignment.cure v3 (sha256 ..)"`` -> 3)."""
+    m = re.search(r" v(\d+) \(sha256 ", str(protocol))
+    if m is None:
+        raise ValueError(f"verdicts.csv: not a declaration stamp: {protocol!r}")
+    return int(m.group(1))
+
+
+def findings(verdicts: pd.DataFrame) -> str:
+    """The finding, generated from the verdict table (``verdicts.csv``): the outcome counts where a claim could
+    fail and where the apparatus forced it, then every version-3 row (the current word on part ablation and
+    the cure) and every other row of version 2."""
+    if not len(verdicts):
+        return "No verdicts yet.\n"
+    words = verdicts.verdict.map(lambda w: str(Outcome.parse(w)))
+    version = verdicts.protocol.map(version_of)
+    forced_n = int((words == str(Outcome.FORCED)).sum())
+    counts = words[words != str(Outcome.FORCED)].value_counts()
+    order = [str(o) for o in Outcome if str(o) in counts.index]
+    lines = [f"Of {len(verdicts)} verdicts (versions 1-3), {forced_n} are *forced by the apparatus* (they hold in "
+             f"any model of it, so they test nothing); the other {len(verdicts) - forced_n}: "
+             + ", ".join(f"{int(counts[o])} {o}" for o in order) + ".", ""]
+
+    def bullets(rows: pd.DataFrame) -> list[str]:
+        return [f"* **{r.verdict}**: {r.claim} ({r.apparatus}). {r.ours.rstrip('.')}." for r in rows.itertuples()]
+
+    v3 = verdicts[version == 3]
+    if len(v3):
+        lines += ["Version 3 (declared after the version-2 results, the same jobs re-judged: part-level verdicts "
+                  "only once the parts are identified; cure rules that can say yes):", ""] + bullets(v3) + [""]
+    redone = tuple(f"alignment.{p.split()[0].split('.', 1)[1]} v2 " for p in set(v3.protocol))
+    v2 = verdicts[(version == 2) & ~verdicts.protocol.str.startswith(redone)] if redone else verdicts[version == 2]
+    if len(v2):
+        lines += ["Version 2 (unpinned apparatus and our measured thresholds, declared before the runs), the rows "
+                  "version 3 does not re-judge:", ""] + bullets(v2) + [""]
+    return "\n".join(lines)
+
+
 def _summary_section(v2: pd.DataFrame, v1: pd.DataFrame) -> str:
-    decl = pd.DataFrame([{"declaration": d.name, "version": d.version, "sha256": d.sha256()}
+    decl = pd.DataFrame([{"declaration": d.name, "version": d.version, "sha256": d.sha256(),
+                          "declared": "after the version-2 results" if d.version == 3 else
+                          ("as it ran" if d.version == 1 else "before its runs")}
                          for d in DECLARATIONS.values()])
+    later = v2.protocol.map(version_of) if len(v2) else pd.Series(dtype=int)
+    v3, v2 = (v2[later == 3], v2[later == 2]) if len(v2) else (v2, v2)
     return "\n".join([
         "## What reproduced, on which apparatus", "",
         "Two apparatus: *pinned* (each part head's read-out fixed by `PinnedReadout`; version 1 of the protocol, "
         "as it ran) and *unpinned* (no prior: every head learns its own query-key routing, so a part is QK and OV; "
-        "version 2, declared in `studies/alignment/protocol.py` before its runs). Every row names its apparatus "
-        "and the declaration (sha256) that produced it; rules are in the rule column and, with their grids and "
-        "seed counts, in `protocol.json`.", "",
+        "version 2, declared in `studies/alignment/protocol.py` before its runs). Version 3 was declared after "
+        "the version-2 results and re-judges the same jobs. Every row names its apparatus and the declaration "
+        "(sha256) that produced it; rules are in the rule column and, with their grids and seed counts, in "
+        "`protocol.json`. *Forced by the apparatus*: the rule's outcome holds in any model of the apparatus; the "
+        "rule's own word is kept in the row.", "",
+        "### Version 3 (declared after the version-2 results; the same jobs)", "",
+        markdown_table(v3) if len(v3) else "(none)", "",
         "### Version 2 (unpinned apparatus; re-judged pinned rows are labelled)", "",
         markdown_table(v2) if len(v2) else "(no version-2 experiment run yet)", "",
         "### Version 1 (pinned apparatus, as it ran)", "", markdown_table(v1) if len(v1) else "(none)", "",
@@ -151,7 +199,7 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
         return {"summary": {}, "verdicts": v, "markdown": "\n\n".join(r["markdown"] for r in standalone.values()),
                 **standalone}
     res = run_parts(names, seeds=seeds, out=out, workers=workers, with_series=with_series, progress=progress)
-    v2, v1 = collect_verdicts(out, verdicts(res.summary))
+    v2, v1 = collect_verdicts(out, forced_v1(verdicts(res.summary), "parts"))
     for name, fig in res.figures:
         save_figure(fig, out / f"fig_{name}", png=png)
     head = _header(" ".join(experiments or []), seeds, out, with_series, res, time.time() - t_start)
@@ -161,6 +209,7 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
     (out / "results.md").write_text(text)
     v = pd.concat([v2, v1], ignore_index=True)
     v.to_csv(out / "verdicts.csv", index=False)
+    (out / "findings.md").write_text(findings(v))
     return {"summary": res.summary, "verdicts": v, "markdown": text, "base": res.base, "reinit": res.reinit}
 
 

@@ -38,10 +38,12 @@ from circuitfade.train import EVAL_SEED, new_run
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import CHUNK, base_config, from_scratch, run_cached_jobs
-from studies.alignment.protocol import PARTS_V2, rules_of, stamp, verdict_frame
+from studies.alignment.protocol import (FORCED_V3, IDENTIFY_MARGIN, MIN_IDENTIFIED, PARTS_V2, PARTS_V3, forced,
+                                        rules_of, stamp, verdict_frame)
 
-__all__ = ["KS", "SEEDS", "CAPS", "CLAIM_CREDIT", "CLAIM_RANDOM", "unpinned_base_job", "credit_row",
-           "unpinned_verdicts", "credit_figure", "run"]
+__all__ = ["KS", "SEEDS", "CAPS", "CLAIM_CREDIT", "CLAIM_RANDOM", "CLAIM_CREDIT_V3", "CLAIM_RANDOM_V3",
+           "unpinned_base_job", "ablate_cell", "identification", "credit_row", "unpinned_verdicts",
+           "unpinned_verdicts_v3", "credit_figure", "run"]
 
 KS = tuple(PARTS_V2.data["ks"])
 SEEDS = tuple(PARTS_V2.data["seeds"])
@@ -57,6 +59,28 @@ CLAIM_RANDOM = Claim("a random non-part head leaves ~100%", rule=_RULES["a rando
                      fails_if="median retained below 80%")
 _OUTCOME = {Credit.NONE: Outcome.REPRODUCED, Credit.PARTIAL: Outcome.NOT_REPRODUCED,
             Credit.UNDECIDED: Outcome.INCONCLUSIVE}
+_RULES3 = rules_of("parts", 3)
+_C3, _R3 = list(_RULES3)
+CLAIM_CREDIT_V3 = Claim(_C3, rule=_RULES3[_C3], study=CLAIM_CREDIT.study, statistic=CLAIM_CREDIT.statistic,
+                        fails_if="the parts pass the identification control and the interval of the median credit "
+                                 "ratio lies above 0.5")
+CLAIM_RANDOM_V3 = Claim(_R3, rule=_RULES3[_R3], study="100%",
+                        statistic="median retained fraction, one non-part head of an identified cell ablated",
+                        fails_if="median retained below 80% in the identified cells")
+_FORCED_WHY = FORCED_V3.data["rows"]["parts v1 and v2, pinned: no partial credit, and a random non-part head "
+                                     "leaves ~100%"]
+
+
+def ablate_cell(model, task, batch, *, k: int, seed: int, methods=METHODS) -> tuple[pd.DataFrame, dict]:
+    """One cell of the part-ablation experiment on a trained (or planted) model: its parts found by
+    :func:`~circuitfade.analysis.parts.routing_parts` on ``batch``, then every part and every non-part head
+    ablated alone by each of ``methods`` (:func:`~circuitfade.analysis.parts.part_ablation`). Returns the
+    ablation rows (with ``k, seed``) and the routing (``parts, own, shared, attention``)."""
+    route = routing_parts(model, batch.tokens, task.positions, task.query_pos)
+    n_other = model.cfg.n_heads - len(route["parts"])
+    frames = [part_ablation(model, route["parts"], (task, batch), method=m, n_random=n_other, seed=seed)
+              .assign(k=k, seed=seed) for m in methods]
+    return pd.concat(frames, ignore_index=True), {key: route[key] for key in ("parts", "own", "shared", "attention")}
 
 
 def unpinned_base_job(spec: Mapping, out: str) -> dict:
@@ -71,14 +95,27 @@ def unpinned_base_job(spec: Mapping, out: str) -> dict:
     res = {**spec, "ignition": ig, "final_step": run.step, "final_acc": accs[-1]}
     if ig is not None:
         ev = eval_set(task, n=512, seed=EVAL_SEED + 1)  # an evaluation batch the stopping rule never saw
-        route = routing_parts(run.model, ev.tokens, task.positions, task.query_pos)
-        n_other = run.model.cfg.n_heads - k
-        frames = [part_ablation(run.model, route["parts"], (task, ev), method=m, n_random=n_other, seed=seed)
-                  .assign(k=k, seed=seed) for m in METHODS]
-        res["ablation"] = pd.concat(frames, ignore_index=True).to_dict("records")
-        res["routing"] = {key: route[key] for key in ("parts", "own", "shared", "attention")}
+        rows, res["routing"] = ablate_cell(run.model, task, ev, k=k, seed=seed)
+        res["ablation"] = rows.to_dict("records")
     res["cpu_s"] = time.process_time() - t0
     return res
+
+
+def identification(frame: pd.DataFrame, by: list[str], *, margin: float = IDENTIFY_MARGIN) -> pd.DataFrame:
+    """The positive control of ``alignment.parts`` v3, per cell (``by``): ``part_max`` (the largest retained
+    fraction over the cell's single-part ablations), ``other_min`` (the smallest over its non-part heads) and
+    ``identified``: every part ablated leaves at least ``margin`` less than every non-part head (a cell
+    without a finite part and non-part value is not identified)."""
+    missing = [c for c in list(by) + ["kind", "retained"] if c not in frame.columns]
+    if missing:
+        raise ValueError(f"identification: ablation rows lack columns {missing}")
+    g = frame.groupby(list(by))
+    part = g.apply(lambda x: x.retained[x.kind == "part"].max(), include_groups=False).rename("part_max")
+    other = g.apply(lambda x: x.retained[x.kind == "random"].min(), include_groups=False).rename("other_min")
+    cells = pd.concat([part, other], axis=1).reset_index()
+    ok = np.isfinite(cells.part_max.astype(float)) & np.isfinite(cells.other_min.astype(float))
+    cells["identified"] = ok & (cells.part_max <= cells.other_min - margin)
+    return cells
 
 
 def credit_row(claim: Claim, cells: pd.DataFrame | None, what: str) -> tuple[Verdict, dict | None]:
@@ -123,6 +160,64 @@ def unpinned_verdicts(unpinned: pd.DataFrame | None, pinned: pd.DataFrame | None
     v, summaries["series"] = credit_row(claim, cells, "checkpoint x part ablations of one training run")
     rows.append((v, "developing series (local induction model)"))
     table = verdict_frame([v for v, _ in rows], "parts", 2, [a for _, a in rows])
+    pinned_rows = table.apparatus.str.startswith("pinned")
+    table.loc[pinned_rows] = forced(table[pinned_rows], {CLAIM_CREDIT.name: _FORCED_WHY}).values
+    return table, summaries
+
+
+def _v3_rows(name: str, frame: pd.DataFrame | None, by: list[str], what: str) -> tuple[list[Verdict], dict]:
+    """The two v3 verdicts of one apparatus: identification first, then the credit and random-head rules on
+    the identified cells only."""
+    if frame is None or not len(frame):
+        return [Verdict.not_run(CLAIM_CREDIT_V3), Verdict.not_run(CLAIM_RANDOM_V3)], {}
+    ident = identification(frame, by)
+    keep = ident[ident.identified][by]
+    rows = frame.merge(keep, on=by)
+    n_id, n = int(ident.identified.sum()), len(ident)
+    head = f"parts identified in {n_id} of {n} {what} (every part at least {IDENTIFY_MARGIN:g} below every non-part head)"
+    summary = {"identified": n_id, "cells": n, "table": ident}
+    if n_id < MIN_IDENTIFIED:
+        note = "(parts not identified)"
+        return [Verdict(CLAIM_CREDIT_V3, head, Outcome.NOT_TESTABLE, note=note),
+                Verdict(CLAIM_RANDOM_V3, head, Outcome.NOT_TESTABLE, note=note)], summary
+    if "step" in by:  # the developing series: a cell is one part ablation at one checkpoint
+        cells = rows[rows.kind == "part"][by + ["part", "retained", "partial_credit"]]
+    else:
+        cells = pool_cells(rows, by)["cells"]
+    c = credit_verdict(cells)
+    summary["credit"] = c
+    credit = Verdict(CLAIM_CREDIT_V3, f"{head}; there the median credit ratio {c['median']:.2f} [{c['lo']:.2f}, "
+                                      f"{c['hi']:.2f}] ({c['coverage']:.0%} distribution-free interval) over "
+                                      f"{c['n']} cells: {c['verdict']}", _OUTCOME[c["verdict"]])
+    rnd = rows[rows.kind == "random"].retained.dropna()
+    med = float(rnd.median())
+    outcome = Outcome.REPRODUCED if med >= 0.95 else (Outcome.PARTLY if med >= 0.8 else Outcome.NOT_REPRODUCED)
+    random = Verdict(CLAIM_RANDOM_V3, f"{head}; there the median non-part head leaves {med:.1%} over {len(rnd)} "
+                                      f"ablations", outcome)
+    return [credit, random], summary
+
+
+def unpinned_verdicts_v3(unpinned: pd.DataFrame | None, pinned: pd.DataFrame | None,
+                         series: pd.DataFrame | None) -> tuple[pd.DataFrame, dict]:
+    """Verdict rows of ``alignment.parts`` v3 (declared after the v2 results) from the same mean-ablation rows
+    as :func:`unpinned_verdicts`: per apparatus, the identification control (:func:`identification`) first;
+    the credit rule and the random-head rule only on the cells that pass it, "not testable (parts not
+    identified)" with fewer than six; the pinned rows "forced by the apparatus". Returns the table and the
+    summaries by apparatus."""
+    verdicts, apparatus, summaries = [], [], {}
+    for name, frame, by, what in (("unpinned", unpinned, ["k", "seed"], "cells (K x seed)"),
+                                  ("pinned (v1 runs)", pinned, ["k", "seed"], "cells (K x seed)"),
+                                  ("developing series (local induction model)", series, ["step"],
+                                   "checkpoints of one training run")):
+        if frame is not None and "step" in frame:
+            frame = frame[np.isfinite(frame.retained.astype(float))]
+        vs, summaries[name] = _v3_rows(name, frame, by, what)
+        verdicts += vs
+        apparatus += [name] * len(vs)
+    table = verdict_frame(verdicts, "parts", 3, apparatus)
+    pinned_rows = table.apparatus.str.startswith("pinned")
+    table.loc[pinned_rows] = forced(table[pinned_rows], {c.name: _FORCED_WHY
+                                                         for c in (CLAIM_CREDIT_V3, CLAIM_RANDOM_V3)}).values
     return table, summaries
 
 
@@ -153,7 +248,16 @@ def _routing_table(jobs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _markdown(out: Path, table, routing, cells_u, failed, cpu) -> str:
+def _identification_table(v3: Mapping) -> pd.DataFrame:
+    frames = [x["table"].assign(apparatus=name) for name, x in v3.items() if x.get("table") is not None]
+    if not frames:
+        return pd.DataFrame()
+    t = pd.concat(frames, ignore_index=True)
+    return t[["apparatus"] + [c for c in t.columns if c != "apparatus"]]
+
+
+def _markdown(out: Path, table, routing, cells_u, failed, cpu, v3: Mapping) -> str:
+    ident = _identification_table(v3)
     return "\n".join([
         "## Part ablation on the unpinned apparatus", "",
         f"Protocol: {stamp('parts', 2)}. Command: `python -m studies.alignment unpinned --out {out}`. "
@@ -162,6 +266,12 @@ def _markdown(out: Path, table, routing, cells_u, failed, cpu) -> str:
         f"`routing_parts` on 512 fresh sequences; mean ablation. Not run: {PARTS_V2.data['not_run']}. "
         f"Training CPU {cpu / 60:.1f} core-min; {len(failed)} failed or censored jobs.", "",
         markdown_table(table), "",
+        f"Identification first ({stamp('parts', 3)}, declared after the version-2 results): per cell, the "
+        f"largest retained fraction over its single-part ablations (`part_max`) and the smallest over its "
+        f"non-part heads (`other_min`); a cell's parts are identified when `part_max` <= `other_min` - "
+        f"{IDENTIFY_MARGIN:g}. The credit and random-head rules of version 3 read only identified cells "
+        f"(at least {MIN_IDENTIFIED}).", "",
+        markdown_table(ident.round(3)) if len(ident) else "(no cells)", "",
         "Routing found by `routing_parts` (own = the part head's attention to its input at the query, shared = "
         "the other heads' attention to that input, summed):", "", markdown_table(routing.round(3)), "",
         "Cells (mean retained over the K single-part ablations; credit = retained / ((K-1)/K)):", "",
@@ -182,7 +292,9 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
     pinned = pd.read_csv(out / "part_ablation.csv") if (out / "part_ablation.csv").is_file() else None
     mean_p = None if pinned is None else pinned[pinned.method == "mean"]
     series = pd.read_csv(out / "part_ablation_series.csv") if (out / "part_ablation_series.csv").is_file() else None
-    table, summary = unpinned_verdicts(mean_u, mean_p, series)
+    table2, summary = unpinned_verdicts(mean_u, mean_p, series)
+    table3, summary["v3"] = unpinned_verdicts_v3(mean_u, mean_p, series)
+    table = pd.concat([table3, table2], ignore_index=True)
     table.to_csv(out / "unpinned_verdicts.csv", index=False)
     cells_u = pool_cells(mean_u, ["k", "seed"])["cells"] if mean_u is not None else pd.DataFrame()
     groups = {"unpinned (K x seed)": cells_u}
@@ -192,6 +304,6 @@ def run(*, out: str | Path, workers: int = 2, progress: bool = True, png: bool =
         groups["developing series (checkpoint x part)"] = series[series.kind == "part"]
     save_figure(credit_figure(groups), out / "fig_credit", png=png)
     cpu = sum(float(j.get("cpu_s", 0) or 0) for j in jobs)
-    text = _markdown(out, table, _routing_table(jobs), cells_u, failed, cpu)
+    text = _markdown(out, table, _routing_table(jobs), cells_u, failed, cpu, summary["v3"])
     (out / "unpinned.md").write_text(text)
     return {"verdicts": table, "summary": summary, "ablation": abl, "markdown": text, "failed": failed}

@@ -43,10 +43,10 @@ from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import (base_config, cure_row, first_acc, from_source, job_key, run_cached_jobs,
                                          until_ignition)
 from studies.alignment.power import fisher_greater
-from studies.alignment.protocol import CURE_PILOT_V2, declared, rules_of, stamp, verdict_frame
+from studies.alignment.protocol import CURE_PILOT_V2, FORCED_V3, declared, rules_of, stamp, verdict_frame
 
 __all__ = ["K", "smoothness", "choose_w", "withheld_config", "withheld_job", "cure_job", "pilot_verdicts",
-           "cure_verdicts_v2", "count_row", "run"]
+           "cure_verdicts_v2", "count_row", "cure_verdicts_v3", "count_rows_v3", "run"]
 
 _P = CURE_PILOT_V2.data
 K = int(_P["k"])
@@ -213,6 +213,67 @@ def cure_verdicts_v2(counts: Mapping[str, tuple[int, int]]) -> list[Verdict]:
     return [count_row(qk, counts.get("qk"), none, helps=True), count_row(ov, counts.get("ov"), none, helps=False)]
 
 
+def _counts_text(arm: tuple[int, int], untreated: tuple[int, int]) -> tuple[str, float, float]:
+    (a, n_a), (b, n_b) = arm, untreated
+    up, down = fisher_greater(a, n_a, b, n_b), fisher_greater(b, n_b, a, n_a)
+    lo, hi = binomial_exact_interval(a, n_a)
+    ulo, uhi = binomial_exact_interval(b, n_b)
+    return (f"{a}/{n_a} [{lo:.2f}, {hi:.2f}] vs untreated {b}/{n_b} [{ulo:.2f}, {uhi:.2f}]; one-sided Fisher "
+            f"p(arm > untreated) = {up:.3g}, p(arm < untreated) = {down:.3g}"), up, down
+
+
+def count_rows_v3(counts: Mapping[str, tuple[int, int]], *, pinned: bool = False) -> list[Verdict]:
+    """The two cure rows of ``alignment.cure`` v3 (declared after the v2 results) from ``{"none", "qk", "ov"}``
+    (``(ignited, n)`` at the same W). QK: reproduced if one-sided Fisher p(QK > untreated) < 0.05, not
+    reproduced if its rate is not above the untreated one, inconclusive otherwise. Value: judged only where
+    the QK row is reproduced (the positive control: a cure is possible at that W); then not reproduced if
+    either one-sided test is significant, reproduced if neither is and the rates differ by at most 0.2.
+    Not testable only where the untreated arm is at n/n (at 0/n the tests apply). ``pinned``: the QK row is
+    "forced by the apparatus" (the pin fixes the parts' attention)."""
+    rules = declared("cure", 3).data["rules"]
+    qk_c, ov_c = cure_claims()
+    qk_c, ov_c = replace(qk_c, rule=rules[qk_c.name]), replace(ov_c, rule=rules[ov_c.name])
+    none, qk, ov = counts.get("none"), counts.get("qk"), counts.get("ov")
+    if none is None or none[1] == 0:
+        return [Verdict.not_run(qk_c), Verdict.not_run(ov_c)]
+    full = none[0] == none[1]
+    out = []
+    if qk is None or qk[1] == 0:
+        out.append(Verdict.not_run(qk_c))
+        qk_ok = False
+    else:
+        ours, up, _ = _counts_text(qk, none)
+        if full:
+            out.append(Verdict(qk_c, ours, Outcome.NOT_TESTABLE, note="(untreated arm at n/n: nothing withheld)"))
+        else:
+            out.append(Verdict(qk_c, ours, Outcome.REPRODUCED if up < 0.05 else (
+                Outcome.NOT_REPRODUCED if qk[0] / qk[1] <= none[0] / none[1] else Outcome.INCONCLUSIVE)))
+        qk_ok = out[-1].outcome is Outcome.REPRODUCED
+    if ov is None or ov[1] == 0:
+        out.append(Verdict.not_run(ov_c))
+    else:
+        ours, up, down = _counts_text(ov, none)
+        if full:
+            out.append(Verdict(ov_c, ours, Outcome.NOT_TESTABLE, note="(untreated arm at n/n: nothing withheld)"))
+        elif not qk_ok:
+            out.append(Verdict(ov_c, ours, Outcome.NOT_TESTABLE, note="(no arm shows a cure is possible at this W)"))
+        else:
+            sig = up < 0.05 or down < 0.05
+            out.append(Verdict(ov_c, ours, Outcome.NOT_REPRODUCED if sig else (
+                Outcome.REPRODUCED if abs(ov[0] / ov[1] - none[0] / none[1]) <= 0.2 else Outcome.INCONCLUSIVE)))
+    if pinned and out[0].outcome is not Outcome.NOT_RUN:
+        why = FORCED_V3.data["rows"]["cure v1, pinned: the QK cure"]
+        out[0] = Verdict(qk_c, f"{out[0].ours}; the rule's own word: {out[0].word}; forced: {why}", Outcome.FORCED)
+    return out
+
+
+def cure_verdicts_v3(counts: Mapping[str, tuple[int, int]], *, pinned: bool = False) -> pd.DataFrame:
+    """:func:`count_rows_v3` as a verdict table stamped ``alignment.cure`` v3 (apparatus ``counts["apparatus"]``
+    when given, else unpinned or pinned)."""
+    app = counts.get("apparatus", "pinned" if pinned else "unpinned")
+    return verdict_frame(count_rows_v3(counts, pinned=pinned), "cure", 3, app)
+
+
 # ------------------------------------------------------------------ the protocol
 def _specs(ws: Sequence[int], seeds: Sequence[int]) -> list[dict]:
     return [{"kind": "withheld", "apparatus": "unpinned", "k": K, "seed": int(s), "w": int(w), "budget": BUDGET,
@@ -288,7 +349,12 @@ def _verdict_tables(ptable, smooth, counts, pinned) -> pd.DataFrame:
         rows.append(verdict_frame([Verdict.not_run(c) for c in cure_claims()], "cure", 2, "unpinned"))
     for wc, cts in pinned.items():
         rows.append(verdict_frame(cure_verdicts_v2(cts), "cure", 2, f"pinned (v1 runs), W = {wc}"))
-    return pd.concat(rows, ignore_index=True)
+    v3 = []
+    if counts is not None:
+        v3.append(cure_verdicts_v3({**counts, "apparatus": f"unpinned, W = {counts['w']}"}))
+    for wc, cts in pinned.items():
+        v3.append(cure_verdicts_v3({**cts, "apparatus": f"pinned (v1 runs), W = {wc}"}, pinned=True))
+    return pd.concat(v3 + rows, ignore_index=True)
 
 
 def withheld_figure(ptable: pd.DataFrame, counts: Mapping | None, curves: Sequence[Mapping]) -> go.Figure:
