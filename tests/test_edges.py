@@ -1,0 +1,195 @@
+"""Edge attribution (EAP, EAP-IG), exact edge patching and the circuit timeline (analysis.edges)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from planted import P, V, CopyTask
+
+from circuitfade import compat
+from circuitfade.analysis.edges import (
+    circuit_timeline,
+    counterfactual_batch,
+    edge_attribution,
+    edge_effects,
+    edge_graph,
+    edge_scores,
+    faithfulness_curve,
+    patch_edges,
+    smallest_circuit,
+    top_edges,
+)
+from circuitfade.tasks import eval_set
+
+PLANTED = {"input->L0H0.v", "L0H0->L1H0.v", "L1H0->logits"}
+"""The planted copy circuit: L0H0 moves the token at position 0 into subspace A at every
+position, L1H0 moves A into subspace B, the unembedding reads B."""
+
+
+def _spearman(a, b) -> float:
+    ra, rb = pd.Series(a).rank().to_numpy(), pd.Series(b).rank().to_numpy()
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def planted_model():
+    """A two-layer attention-only model whose weights are set by hand (no normalisation): the
+    copy circuit of :data:`PLANTED` plus two distractor heads with small random weights."""
+    A, B, D = V + P, 2 * V + P, 3 * V + P
+    cfg = dict(n_layers=2, d_model=D, n_heads=2, d_head=V, n_ctx=P, d_vocab=V, attn_only=True,
+               normalization_type=None, positional_embedding_type="standard", seed=0)
+    model = compat.plain_model(cfg)
+    gen = torch.Generator().manual_seed(0)
+    eye = torch.eye(V)
+    sd = {"embed.W_E": torch.zeros(V, D), "pos_embed.W_pos": torch.zeros(P, D),
+          "unembed.W_U": 0.1 * torch.randn(D, V, generator=gen), "unembed.b_U": torch.zeros(V)}
+    sd["embed.W_E"][:, :V] = eye
+    sd["pos_embed.W_pos"][:, V:V + P] = torch.eye(P)
+    sd["unembed.W_U"][B:B + V] = 5 * eye
+    for l in range(2):
+        W = {w: 0.1 * torch.randn(2, D, V, generator=gen) for w in ("W_Q", "W_K", "W_V")}
+        W["W_O"] = 0.1 * torch.randn(2, V, D, generator=gen)
+        for w in W.values():
+            w[0] = 0
+        sd.update({f"blocks.{l}.attn.{k}": v for k, v in W.items()})
+        sd.update({f"blocks.{l}.attn.b_{x}": torch.zeros(2, V) for x in "QKV"})
+        sd[f"blocks.{l}.attn.b_O"] = torch.zeros(D)
+    a0 = {w: sd[f"blocks.0.attn.{w}"] for w in ("W_Q", "W_K", "W_V", "W_O")}
+    a0["W_Q"][0, V:V + P, 0] = 1.0             # every query: the same direction
+    a0["W_K"][0, V, 0] = 40.0                  # only the key at position 0 answers it
+    a0["W_V"][0, :V] = eye                     # copy the token ...
+    a0["W_O"][0, :, A:A + V] = eye             # ... into subspace A
+    a1 = {w: sd[f"blocks.1.attn.{w}"] for w in ("W_V", "W_O")}
+    a1["W_V"][0, A:A + V] = eye                # L1H0 attends uniformly (A is the same everywhere)
+    a1["W_O"][0, :, B:B + V] = eye             # and moves A into B
+    missing, _ = model.load_state_dict(compat.native_state_dict(sd, model), strict=False)
+    assert not [k for k in missing if ".W_" in k or "W_E" in k or "W_pos" in k or "W_U" in k]
+    return model
+
+
+@pytest.fixture(scope="module")
+def planted():
+    model = planted_model()
+    clean = eval_set(CopyTask(), n=32, seed=1)
+    return model, clean, counterfactual_batch(clean)
+
+
+def test_planted_model_solves_the_task(planted):
+    model, clean, _ = planted
+    with torch.no_grad():
+        pred = model(clean.tokens)[:, -1].argmax(-1)
+    assert bool((pred == clean.targets[:, -1]).all())
+
+
+def test_graph_names_and_upstream_edges_only():
+    model = compat.plain_model(dict(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=6, d_vocab=7, d_mlp=32))
+    g = edge_graph(model)
+    # layer 0 heads read input (3 roles x 2 heads); MLP0 reads input + 2 heads; layer 1 heads read
+    # input, 2 heads, MLP0 (4 senders x 6); MLP1 reads 6 senders; logits read all 7
+    assert len(g) == 6 + 3 + 24 + 6 + 7
+    assert {"input->L0H0.q", "L0H1->MLP0", "MLP0->L1H1.k", "MLP1->logits"} <= set(g.names)
+    assert not any(e.startswith("L1H0->L1") or e.startswith("L1H0->L0") for e in g.names)
+    assert g.edges.set_index("edge").loc["L0H1->L1H0.k", "receiver_hook"] == "blocks.1.attn.hook_k"
+    assert g.edges.set_index("edge").loc["MLP0->logits", "sender_hook"] == "blocks.0.hook_mlp_out"
+
+
+def test_patching_no_edge_is_clean_and_every_edge_is_corrupted():
+    model = compat.plain_model(dict(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=P, d_vocab=V, d_mlp=32,
+                                    act_fn="gelu", seed=3))
+    clean = eval_set(CopyTask(), n=8, seed=2)
+    corr = counterfactual_batch(clean)
+    g = edge_graph(model)
+    none = patch_edges(model, clean, corr, [], graph=g)
+    every = patch_edges(model, clean, corr, g.names, graph=g)
+    assert none["clean"] != pytest.approx(none["corrupted"], abs=1e-4)
+    assert none["patched"] == pytest.approx(none["clean"], abs=1e-5)
+    assert every["patched"] == pytest.approx(every["corrupted"], abs=1e-5)
+    # keep=True: the whole graph as the circuit recovers everything, the empty circuit nothing
+    assert patch_edges(model, clean, corr, g.names, keep=True, graph=g)["recovered"] == pytest.approx(1.0, abs=1e-5)
+    assert patch_edges(model, clean, corr, [], keep=True, graph=g)["recovered"] == pytest.approx(0.0, abs=1e-5)
+
+
+@pytest.mark.skipif(compat.is_tl4(), reason="float64 plain model: checked on the 3.x line")
+def test_eap_equals_a_finite_difference():
+    """EAP is the derivative of the objective along the edge's patch: d/de M(patch e by eps)."""
+    model = compat.plain_model(dict(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=P, d_vocab=V, d_mlp=32,
+                                    act_fn="gelu", seed=4, dtype=torch.float64))
+    clean = eval_set(CopyTask(), n=8, seed=3)
+    corr = counterfactual_batch(clean)
+    g = edge_graph(model)
+    eap = edge_scores(model, clean, corr, method="eap", graph=g, resamples=20).set_index("edge")["value"]
+    eps = 1e-6
+    for e in ["input->L0H1.q", "input->L0H0.k", "L0H1->MLP0", "MLP0->L1H0.v", "L1H1->logits", "input->MLP1"]:
+        r = patch_edges(model, clean, corr, {e: eps}, graph=g)
+        fd = (r["clean"] - r["patched"]) / eps
+        assert fd == pytest.approx(eap[e], abs=1e-5 + 1e-4 * abs(eap[e])), e
+    assert eap.abs().max() > 1e-2
+
+
+def test_eap_ig_recovers_the_planted_circuit_and_agrees_with_patching(planted):
+    model, clean, corr = planted
+    g = edge_graph(model)
+    ig = edge_scores(model, clean, corr, steps=10, graph=g)
+    exact = edge_effects(model, clean, corr, graph=g)
+    assert set(top_edges(ig, 3)) == PLANTED
+    assert set(top_edges(exact, 3)) == PLANTED
+    assert _spearman(ig["value"], exact["value"]) > 0.9  # 0.96 measured
+    top = ig.set_index("edge").loc[sorted(PLANTED)]
+    assert bool((top["lo"] > 0).all()) and bool((top["lo"] <= top["value"]).all())
+    # the positional key edge carries no difference between clean and corrupted runs
+    assert ig.set_index("edge").loc["input->L0H0.k", "value"] == pytest.approx(0.0, abs=1e-6)
+    assert patch_edges(model, clean, corr, PLANTED, keep=True, graph=g)["recovered"] > 0.9
+    curve = faithfulness_curve(model, clean, corr, ig, ks=[0, 1, 2, 3, 5, len(g)], graph=g)
+    assert curve["recovered"].iloc[0] == pytest.approx(0.0, abs=1e-6)
+    assert curve["recovered"].iloc[-1] == pytest.approx(1.0, abs=1e-6)
+    assert smallest_circuit(curve, 0.9)["k"] == 3
+
+
+def test_timeline_on_a_planted_frame():
+    rows = []
+    values = {0: {"a": 3, "b": 2, "c": 1, "d": 0}, 1: {"a": 3, "c": 2, "b": 1, "d": 0},
+              2: {"d": 3, "a": 2, "b": 1, "c": 0}, 3: {"d": 3, "a": 2, "b": 1, "c": 0}}
+    for s, vs in values.items():
+        rows += [{"step": s, "metric": "edge_attribution", "edge": e, "value": float(v)} for e, v in vs.items()]
+    tl = circuit_timeline(pd.DataFrame(rows), k=2, overlap=1.0)
+    assert tl.steps["circuit"].tolist() == [["a", "b"], ["a", "c"], ["d", "a"], ["d", "a"]]
+    assert tl.steps["overlap_prev"].tolist()[1:] == pytest.approx([1 / 3, 1 / 3, 1.0])
+    assert tl.match_step == 2 and tl.first_match == 2
+    e = tl.edges.set_index("edge")
+    assert e.loc["b", "entered"] == [0] and e.loc["b", "left"] == [1] and not e.loc["b", "in_final"]
+    assert e.loc["d", "first_step"] == 2 and e.loc["a", "n_steps"] == 4
+    with pytest.raises(ValueError, match="k: expected"):
+        circuit_timeline(pd.DataFrame(rows), k=0)
+
+
+def test_trace_on_the_shipped_series_with_prior_edges():
+    from circuitfade.store import trace
+    from circuitfade.store.examples import example_series
+
+    series = example_series("fade600to0").select([300, 3600])
+    traced = trace(series, [edge_attribution(steps=2, resamples=50)], n=16, progress=False)
+    g = edge_graph(series[3600])
+    assert g.priors == ("content",)
+    assert len(traced) == 2 * len(g) and set(traced["step"]) == {300, 3600}
+    assert bool((traced["lo"] <= traced["hi"]).all()) and traced["se"].notna().all()
+    prior = traced[traced["kind"] == "prior"]
+    # the content gate is 0 from step 600 on: its edges carry nothing at step 3600, something at 300
+    assert prior.loc[prior["step"] == 3600, "value"].abs().max() == 0.0
+    assert prior.loc[prior["step"] == 300, "value"].abs().max() > 1e-5
+    tl = circuit_timeline(traced, k=5)
+    assert len(tl.steps) == 2 and tl.steps["overlap_final"].iloc[-1] == 1.0
+
+
+def test_bad_input_is_refused(planted):
+    model, clean, corr = planted
+    with pytest.raises(ValueError, match="method"):
+        edge_scores(model, clean, corr, method="acdc")
+    with pytest.raises(ValueError, match="corrupted: tokens of shape"):
+        edge_scores(model, clean, corr[:4])
+    with pytest.raises(ValueError, match="unknown edge"):
+        patch_edges(model, clean, corr, ["L9H9->logits"])
+    with pytest.raises(ValueError, match="objective"):
+        edge_scores(model, clean, corr, objective="accuracy")
+    with pytest.raises(ValueError, match="at least 2"):
+        counterfactual_batch(clean[:1])
