@@ -145,7 +145,7 @@ class EdgeGraph:
             raise ValueError(f"edges: unknown edge(s) {bad[:5]}; edges are named like {self.names[:2]}")
         w = torch.zeros(len(self.senders), len(self.receivers), dtype=torch.float64)
         if complement:
-            w[self.edges["s"].to_numpy(), self.edges["r"].to_numpy()] = 1.0
+            w[torch.tensor(self.edges["s"].to_numpy()), torch.tensor(self.edges["r"].to_numpy())] = 1.0
             for e in items:
                 w[known[e]] = 0.0
         else:
