@@ -7,7 +7,7 @@ VENV_TL4 ?= .venv-tl4
 PY_TL4 := $(VENV_TL4)/bin/python
 STAMP_TL4 := $(VENV_TL4)/.installed
 
-.PHONY: demo test test-fast test-tl4 test-tl4-fast test-pip docs bench clean
+.PHONY: demo test test-fast test-tl4 test-tl4-fast test-foreign-cpu test-pip docs bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -40,6 +40,17 @@ test-tl4: $(STAMP_TL4)
 test-tl4-fast: $(STAMP_TL4)
 	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m "not slow"
 	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup tests/tl4
+
+# the suite on emulated foreign CPUs: torch's kernels without AVX (default) and with AVX2 only, MKL on its
+# compatible / AVX2 code paths. Every test not marked slow, and the slow ones marked numerics (fixtures from
+# another machine or line, trained runs, bit-identity within one machine); tests/tolerances.py says by how much
+# a number may differ from a file written elsewhere.
+FOREIGN_CPUS ?= default:COMPATIBLE avx2:AVX2
+test-foreign-cpu: $(STAMP)
+	@set -e; for cpu in $(FOREIGN_CPUS); do \
+	  echo "== ATEN_CPU_CAPABILITY=$${cpu%%:*} MKL_CBWR=$${cpu##*:}"; \
+	  ATEN_CPU_CAPABILITY=$${cpu%%:*} MKL_CBWR=$${cpu##*:} $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m "numerics or not slow"; \
+	done
 
 # a pip user's first hour: non-editable install in a fresh venv, README block + tutorials 01-02 from another folder
 test-pip:

@@ -126,7 +126,7 @@ exact = pytest.mark.skipif(not blas_batches_like_single(), reason="this BLAS rou
 
 
 @exact
-@pytest.mark.parametrize("steps", [25, pytest.param(100, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("steps", [25, pytest.param(100, marks=[pytest.mark.slow, pytest.mark.numerics])])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_members_match_their_single_runs_bit_for_bit(variant, steps):
     cfgs = members(steps, **VARIANTS[variant])

@@ -277,6 +277,7 @@ def test_capability_share_is_a_mix_schedule_the_trainer_follows():
 
 
 @pytest.mark.slow
+@pytest.mark.numerics  # numbers from the shipped files or a trained run
 def test_unpinned_base_job_trains_finds_routing_parts_and_ablates_them(tmp_path):
     """Version 2 of part ablation end to end on K = 2: trained from scratch on the unpinned preset until
     ignition, its parts found by routing, each part and each non-part head ablated (three methods)."""

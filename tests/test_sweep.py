@@ -135,6 +135,7 @@ def test_plan_jobs_groups_runs_by_shape_and_budget(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.numerics  # numbers from the shipped files or a trained run
 def test_ensemble_executor_trains_what_serial_trains_and_reuses_finished_runs(tmp_path):
     from test_ensemble import blas_batches_like_single
 

@@ -98,6 +98,7 @@ def test_notebooks_are_clean_and_pin_threads():
 
 
 @pytest.mark.slow
+@pytest.mark.numerics  # numbers from the shipped files or a trained run
 def test_tutorial_01_fade_vs_unforced(kernel_env):
     nb, r = run_notebook(
         NOTEBOOKS[0],
@@ -117,6 +118,7 @@ def test_tutorial_01_fade_vs_unforced(kernel_env):
 
 
 @pytest.mark.slow
+@pytest.mark.numerics  # numbers from the shipped files or a trained run
 def test_tutorial_02_trace_series(kernel_env):
     nb, r = run_notebook(
         NOTEBOOKS[1],
@@ -135,6 +137,7 @@ def test_tutorial_02_trace_series(kernel_env):
 
 
 @pytest.mark.slow
+@pytest.mark.numerics  # numbers from the shipped files or a trained run
 def test_tutorial_03_attach_your_model(kernel_env):
     from circuitfade.compat import is_tl4
 
