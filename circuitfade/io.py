@@ -25,6 +25,7 @@ import secrets
 import stat
 import types
 import typing
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -60,6 +61,9 @@ __all__ = [
     "save_tensors",
     "load_tensors",
     "check_state_dict",
+    "check_finite",
+    "CONFIG_ENTRY_KEYS",
+    "SHAPE_FIELDS",
 ]
 
 
@@ -270,6 +274,14 @@ names any other)."""
 STEP_KEYS: tuple[str, ...] = ("step", "global_step", "iter_num", "iteration")
 """Keys of a full checkpoint (or safetensors metadata: ``step``) read as its training step."""
 
+CONFIG_ENTRY_KEYS: tuple[str, ...] = ("config", "cfg", "model_config", "hyper_parameters", "hparams", "args")
+"""Entries of a full checkpoint (or of its ``hyper_parameters``, as PyTorch Lightning saves them)
+whose :data:`SHAPE_FIELDS` :func:`read_header` reads as the shape the file records."""
+
+SHAPE_FIELDS: tuple[str, ...] = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx")
+"""Config fields a file may record beside its weights (:data:`CONFIG_ENTRY_KEYS`, or safetensors
+metadata), checked against the config the weights are attached with."""
+
 MAX_STEP = 2**63 - 1
 """The largest step label (``int64``): steps are stored as ``int64`` in every trace."""
 
@@ -321,6 +333,23 @@ def _step_value(v, path: Path, key: str) -> int:
     return v
 
 
+def _recorded_fields(obj, depth: int = 0) -> dict[str, int]:
+    """The :data:`SHAPE_FIELDS` a loaded full checkpoint records under :data:`CONFIG_ENTRY_KEYS`
+    (searched two levels deep: ``hyper_parameters["config"]``), first found wins."""
+    out: dict[str, int] = {}
+    if not isinstance(obj, Mapping) or depth > 2:
+        return out
+    if depth > 0:
+        for k in SHAPE_FIELDS:
+            v = obj.get(k)
+            if isinstance(v, int) and not isinstance(v, bool):
+                out[k] = v
+    for k in CONFIG_ENTRY_KEYS:
+        for f, v in _recorded_fields(obj.get(k), depth + 1).items():
+            out.setdefault(f, v)
+    return out
+
+
 def _is_tensor_map(obj) -> bool:
     return isinstance(obj, Mapping) and len(obj) > 0 and all(isinstance(v, torch.Tensor) for v in obj.values())
 
@@ -367,13 +396,16 @@ class WeightsHeader:
     (:func:`read_header`): ``tensors`` maps each name to ``(shape, dtype)``; ``step`` is the
     step the file records (a full checkpoint's ``step`` entry, a safetensors ``step``
     metadata value) or ``None``; ``key`` the full-checkpoint entry holding the state dict
-    (``None`` for a bare state dict or a safetensors file); ``entries`` the file's top-level keys."""
+    (``None`` for a bare state dict or a safetensors file); ``entries`` the file's top-level keys;
+    ``fields`` the :data:`SHAPE_FIELDS` the file records beside its weights (a full
+    checkpoint's :data:`CONFIG_ENTRY_KEYS` entries, safetensors metadata)."""
 
     path: Path
     tensors: Mapping[str, tuple[tuple[int, ...], torch.dtype | str]]
     step: int | None = None
     key: str | None = None
     entries: tuple[str, ...] = ()
+    fields: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -397,8 +429,9 @@ def _torch_load(path: Path, *, mmap: bool):
 
 def _suffix(path: Path) -> str:
     suffix = path.suffix.lower()
-    if suffix not in (".safetensors", ".pt", ".pth", ".bin"):
-        raise CheckpointError(f"{path}: unknown checkpoint format {suffix!r}; expected .safetensors, .pt, .pth or .bin")
+    if suffix not in (".safetensors", ".pt", ".pth", ".bin", ".ckpt"):
+        raise CheckpointError(f"{path}: unknown checkpoint format {suffix!r}; expected .safetensors, .pt, .pth, "
+                              ".bin or .ckpt")
     return suffix
 
 
@@ -430,11 +463,13 @@ def read_header(path: str | os.PathLike, *, key: str | None = None) -> WeightsHe
         except Exception as e:  # SafetensorError, OSError
             raise CheckpointError(f"{path}: not a readable safetensors file (truncated or foreign?): {e}") from None
         step = _step_value(meta["step"], path, "step (metadata)") if "step" in meta else None
-        return WeightsHeader(path, tensors, step, None, tuple(tensors))
+        fields = {k: int(meta[k]) for k in SHAPE_FIELDS if str(meta.get(k, "")).strip().isdigit()}
+        return WeightsHeader(path, tensors, step, None, tuple(tensors), fields)
     obj = _torch_load(path, mmap=True)
     sd, found, step = _unwrap(obj, path, key)
     entries = tuple(str(k) for k in obj) if isinstance(obj, Mapping) else ()
-    return WeightsHeader(path, {k: (tuple(v.shape), v.dtype) for k, v in sd.items()}, step, found, entries)
+    fields = _recorded_fields(obj) if found is not None else {}
+    return WeightsHeader(path, {k: (tuple(v.shape), v.dtype) for k, v in sd.items()}, step, found, entries, fields)
 
 
 def load_tensors(path: str | os.PathLike, *, key: str | None = None) -> dict[str, torch.Tensor]:
@@ -499,12 +534,16 @@ def check_state_dict(
     expected: Mapping[str, torch.Tensor],
     source: str,
     ignore: tuple[str, ...] = (),
+    *,
+    exact_dtype: bool = False,
 ) -> None:
     """Raise :class:`CheckpointError` naming ``source`` if keys, shapes or dtypes differ.
 
     Dtypes are compared where both sides have one (:func:`dtype_fits`): a floating
     parameter must be stored as some floating dtype (an ``int64`` or ``bool`` copy of a
-    model is refused), any other tensor as exactly its dtype.
+    model is refused), any other tensor as exactly its dtype. With ``exact_dtype`` every
+    tensor must have exactly the expected dtype (a ``bfloat16`` file for a ``float32`` model
+    is refused, not upcast).
     """
 
     def keep(k: str) -> bool:
@@ -522,6 +561,9 @@ def check_state_dict(
         for k in expected
         if k in loaded and keep(k)
         and not dtype_fits(getattr(loaded[k], "dtype", None), getattr(expected[k], "dtype", None))
+        or exact_dtype and k in loaded and keep(k) and None not in (getattr(loaded[k], "dtype", None),
+                                                                    getattr(expected[k], "dtype", None))
+        and loaded[k].dtype != expected[k].dtype
     ]
     problems = []
     if missing:
@@ -534,6 +576,23 @@ def check_state_dict(
         problems.append(f"dtype mismatch in {len(dtypes)} tensors: " + "; ".join(dtypes[:4]))
     if problems:
         raise CheckpointError(f"{source}: weights do not fit the config: " + ", ".join(problems))
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], source: str, *, skip: tuple[str, ...] = ("IGNORE",)) -> None:
+    """Raise :class:`CheckpointError` naming ``source`` and the first tensor that holds NaN or
+    inf values (weights of a diverged or damaged run give meaningless analyses). Tensors whose
+    name ends with one of ``skip`` (TransformerLens's ``-inf`` attention-mask constant
+    ``IGNORE``) and non-floating tensors are not checked."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or name.endswith(skip) or t.is_meta:
+            continue
+        finite = torch.isfinite(t)
+        if not bool(finite.all()):
+            bad = t[~finite]
+            kinds = " and ".join(w for w, n in (("NaN", int(torch.isnan(bad).sum())), ("inf", int(torch.isinf(bad).sum())))
+                                 if n)
+            raise CheckpointError(f"{source}: tensor {name} holds {int((~finite).sum())} {kinds} values "
+                                  f"(of {t.numel()}); weights that are not finite cannot be analysed")
 
 
 # ------------------------------------------------------------------ typed text values

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -116,7 +117,36 @@ def test_an_int64_state_dict_in_a_folder_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"step_1\.pt: weights do not fit the config: dtype mismatch"):
         attach(folder)
     torch.save({k: v.half() if v.is_floating_point() else v for k, v in sd.items()}, folder / "step_1.pt")
-    assert attach(folder).steps == [0, 1]  # another floating dtype is a copy, not a lie: loaded as float32
+    with pytest.raises(CheckpointError, match=r"step_1\.pt: the weights are stored as float16 .* config's dtype is "
+                                              r"float32; they are not converted"):
+        attach(folder)  # another floating dtype is refused, not silently upcast
+
+
+# --------------------------------------------------------------------------------------
+# 3b. NaN or inf weights: refused when loaded, naming the file and the tensor
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value, words", [(float("nan"), "1 NaN values"), (float("inf"), "1 inf values")])
+def test_non_finite_weights_are_refused_at_load_naming_file_and_tensor(tmp_path, capsys, value, words):
+    folder = state_dict_folder(tmp_path / "c")
+    sd = torch.load(folder / "step_1.pt", weights_only=True)
+    name = next(k for k in sd if k.endswith((".attn.W_Q", ".attn.q.weight")))
+    sd[name].view(-1)[3] = value
+    torch.save(sd, folder / "step_1.pt")
+    series = attach(folder)
+    assert series[0] is not None
+    with pytest.raises(CheckpointError, match=rf"step_1\.pt: tensor {re.escape(name)} holds {words}"):
+        series[1]
+    capsys.readouterr()
+    assert analyze_main([str(folder), "--task", "assoc", "--n", "8", "--quiet", "--out", str(tmp_path / "a.html")]) == 2
+    one_line(capsys, "step_1.pt", name, words)
+
+
+def test_a_model_with_nan_parameters_is_refused_whatever_its_source():
+    model = plain_model(plain_cfg())
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(CheckpointError, match=r"in-memory \w+ #0: tensor \S+ holds \d+ NaN values"):
+        attach([model])[0]
 
 
 # --------------------------------------------------------------------------------------

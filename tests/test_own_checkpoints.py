@@ -5,6 +5,7 @@ static figures. Every case is planted in a temporary folder with a known answer.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 import warnings
@@ -115,10 +116,64 @@ def test_the_documented_table_is_what_step_from_name_reads():
     assert step_from_name("checkpoint-100") == 100 and step_from_name("notes") is None
 
 
-@pytest.mark.parametrize("name", ["run3_seed1", "step10_step20", "ckpt3_model4", "lr0.5_bs32_e3"])
+@pytest.mark.parametrize("name", ["run_3_seed_1", "step10_step20", "ckpt3_model4", "epoch_3_100"])
 def test_ambiguous_names_are_refused(name):
     with pytest.raises(ValueError, match="several"):
         step_from_name(name)
+
+
+@pytest.mark.parametrize("name", ["run3_seed1", "lr0.5_bs32_e3", "model_bf16", "gpt2_v2", "model_2L", "lr1e-3"])
+def test_digits_that_belong_to_a_word_are_no_step(name):
+    assert step_from_name(name) is None
+
+
+def test_the_step_table_of_the_page_is_what_step_from_name_reads():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "own-checkpoints.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)`[^|]*\| (\d+) \|", page, re.MULTILINE)
+    assert len(rows) >= len(NAMING_SCHEMES)
+    for name, step in rows:
+        stem = name.rstrip("/")
+        stem = stem.rsplit(".", 1)[0] if re.search(r"\.(pt|pth|bin|ckpt|safetensors)$", stem) else stem
+        assert step_from_name(stem) == int(step), name
+    assert {n for n, _ in NAMING_SCHEMES} <= {n.rstrip("/") for n, _ in rows}
+
+
+def test_thousands_suffixes_are_read_and_word_digits_are_not_steps(tmp_path):
+    models = plant(tmp_path / "k", ["model_1k.pt", "model_2k.pt", "model_2.5k.pt"])
+    series = attach(tmp_path / "k")
+    assert series.steps == [1000, 2000, 2500] and same(series[2500], models["model_2.5k.pt"])
+    plant(tmp_path / "one", ["model_2L_300.pt"])
+    assert attach(tmp_path / "one").steps == [300]  # 2L is the depth, not the step
+    plant(tmp_path / "ten", ["ckpt_10k.pt"])
+    assert attach(tmp_path / "ten").steps == [10000]
+    assert step_from_name("gpt2_bf16_step40_v2") == 40
+    with pytest.raises(ValueError, match=r"1\.2345k is not a whole number of steps"):
+        step_from_name("model_1.2345k")
+
+
+@pytest.mark.parametrize("names", [["checkpoint_epoch_1.pt", "checkpoint_epoch_3.pt"],
+                                   ["model_epoch_1_loss_0.70.pt", "model_epoch_3_loss_0.42.pt"]])
+def test_epoch_only_names_are_refused_unless_steps_per_epoch_is_given(tmp_path, names):
+    models = plant(tmp_path / "c", names)
+    with pytest.raises(CheckpointError, match=rf"{re.escape(names[0])}: the name .* states epoch 1 but no step, and "
+                                              r"an epoch is not a step: pass steps_per_epoch="):
+        attach(tmp_path / "c")
+    series = attach(tmp_path / "c", steps_per_epoch=50)
+    assert series.steps == [50, 150] and same(series[150], models[names[1]])
+    assert attach(tmp_path / "c", steps=[7, 9]).steps == [7, 9]
+    with pytest.raises(ValueError, match="steps_per_epoch= must be a positive integer"):
+        attach(tmp_path / "c", steps_per_epoch=0)
+    assert step_from_name("epoch=3-step=300", steps_per_epoch=50) == 300  # a stated step wins
+
+
+def test_a_final_or_latest_file_beside_numbered_ones_is_left_out_with_a_warning(tmp_path):
+    models = plant(tmp_path / "c", ["model_100.pt", "model_200.pt", "model_final.pt", "latest.pt"])
+    with pytest.warns(UserWarning, match=r"left out \['latest\.pt', 'model_final\.pt'\].*pattern="):
+        series = attach(tmp_path / "c")
+    assert series.steps == [100, 200] and same(series[200], models["model_200.pt"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert attach(tmp_path / "c", pattern="model_[0-9]*.pt").steps == [100, 200]
 
 
 def test_ambiguous_folder_is_refused_with_steps_and_step_pattern_advice(tmp_path):
@@ -189,6 +244,139 @@ def test_a_name_and_a_recorded_step_that_disagree_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"step_100\.pt: the name says step 100 but the file records step 200"):
         attach(tmp_path / "c")
     assert attach(tmp_path / "c", steps=[7]).steps == [7]  # steps= is the user's word
+
+
+def lightning_checkpoint(model, epoch: int, step: int, hparams: dict | None = None) -> dict:
+    """What PyTorch Lightning's ``trainer.save_checkpoint`` writes for a LightningModule holding
+    the model as ``self.model`` (its keys, without needing lightning installed)."""
+    return {
+        "epoch": epoch, "global_step": step, "pytorch-lightning_version": "2.4.0",
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"total": {"completed": epoch}}}},
+        "callbacks": {"ModelCheckpoint{'monitor': None}": {"best_model_score": None, "dirpath": "ckpts"}},
+        "optimizer_states": [_optimizer_state(tiny_model(0))], "lr_schedulers": [],
+        "hparams_name": "kwargs", "hyper_parameters": {"lr": 1e-3, **(hparams or {})},
+    }
+
+
+def test_lightning_checkpoints_attach_with_their_steps_and_prefix(tmp_path):
+    folder = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    folder.mkdir(parents=True)
+    models = {}
+    for epoch, step in ((0, 100), (2, 300)):
+        models[step] = tiny_model(step)
+        torch.save(lightning_checkpoint(models[step], epoch, step), folder / f"epoch={epoch}-step={step}.ckpt")
+    torch.save(lightning_checkpoint(models[300], 2, 300), folder / "last.ckpt")  # save_last=True
+    with pytest.warns(UserWarning, match=r"left out \['last\.ckpt'\]"):
+        series = attach(folder, config=tiny_cfg())
+    assert series.steps == [100, 300]
+    assert same(series[100], models[100]) and same(series[300], models[300])
+    torch.save(lightning_checkpoint(models[100], 0, 100), tmp_path / "epoch=0-step=100.ckpt")
+    assert attach(tmp_path / "epoch=0-step=100.ckpt", config=tiny_cfg()).steps == [100]
+
+
+def test_a_head_split_the_file_records_is_checked(tmp_path):
+    f = tmp_path / "epoch=0-step=100.ckpt"
+    torch.save(lightning_checkpoint(tiny_model(1), 0, 100, {"n_heads": 2, "d_head": 8}), f)
+    assert attach(f, config=tiny_cfg()).steps == [100]
+    torch.save(lightning_checkpoint(tiny_model(1), 0, 100, {"config": {"n_heads": 4, "d_head": 4}}), f)
+    with pytest.raises(CheckpointError, match=r"step=100\.ckpt: the file records n_heads=4, d_head=4 but the config "
+                                              r"says n_heads=2, d_head=8"):
+        attach(f, config=tiny_cfg())
+
+
+def split_state_dict(n_heads: int, d_head: int, d_model: int = 64, d_vocab: int = 32, n_ctx: int = 32) -> dict:
+    """A one-layer attention-only ``HookedTransformer``-format state dict (per-head ``W_Q``
+    ``[n_heads, d_model, d_head]``), as TransformerLens 3.9 saves it."""
+    g = torch.Generator().manual_seed(0)
+    r = lambda *shape: 0.1 * torch.randn(*shape, generator=g)  # noqa: E731
+    attn = {f"W_{x}": r(n_heads, d_model, d_head) for x in "QKV"} | {f"b_{x}": r(n_heads, d_head) for x in "QKV"}
+    attn |= {"W_O": r(n_heads, d_head, d_model), "b_O": r(d_model)}
+    return {"embed.W_E": r(d_vocab, d_model), "pos_embed.W_pos": r(n_ctx, d_model), "blocks.0.ln1.w": 1 + r(d_model),
+            "blocks.0.ln1.b": r(d_model), **{f"blocks.0.attn.{k}": v for k, v in attn.items()},
+            "ln_final.w": 1 + r(d_model), "ln_final.b": r(d_model), "unembed.W_U": r(d_model, d_vocab),
+            "unembed.b_U": r(d_vocab)}
+
+
+def fused_state_dict(n_heads: int, d_head: int, d_model: int = 64, d_vocab: int = 32, n_ctx: int = 32) -> dict:
+    """The same model as TransformerLens 4.x saves it: fused ``q``/``k``/``v``/``o`` weights
+    ``[n_heads*d_head, d_model]``, which look the same for 4 heads of 16 and 8 heads of 8."""
+    sd = split_state_dict(n_heads, d_head, d_model, d_vocab, n_ctx)
+    out = {"embed.weight": sd["embed.W_E"], "pos_embed.weight": sd["pos_embed.W_pos"],
+           "blocks.0.ln1.weight": sd["blocks.0.ln1.w"], "blocks.0.ln1.bias": sd["blocks.0.ln1.b"],
+           "ln_final.weight": sd["ln_final.w"], "ln_final.bias": sd["ln_final.b"],
+           "unembed.weight": sd["unembed.W_U"].T.contiguous(), "unembed.bias": sd["unembed.b_U"]}
+    for x in "qkv":
+        w = sd[f"blocks.0.attn.W_{x.upper()}"]
+        out[f"blocks.0.attn.{x}.weight"] = w.permute(0, 2, 1).reshape(n_heads * d_head, d_model).contiguous()
+        out[f"blocks.0.attn.{x}.bias"] = sd[f"blocks.0.attn.b_{x.upper()}"].reshape(-1)
+    out["blocks.0.attn.o.weight"] = sd["blocks.0.attn.W_O"].reshape(n_heads * d_head, d_model).T.contiguous()
+    out["blocks.0.attn.o.bias"] = sd["blocks.0.attn.b_O"]
+    return out
+
+
+def ht_buffers(n_heads: int, d_head: int) -> dict:
+    """The attention buffers a TransformerLens 3.9 ``HookedTransformer`` saves (none on 4.x)."""
+    sd = plain_model(split_cfg(n_heads, d_head)).state_dict()
+    return {k: v for k, v in sd.items() if k.endswith((".mask", ".IGNORE"))}
+
+
+def split_cfg(n_heads: int, d_head: int):
+    return make_config(dict(n_layers=1, d_model=64, n_heads=n_heads, d_head=d_head, n_ctx=32, d_vocab=32,
+                            attn_only=True, act_fn=None))
+
+
+def test_a_wrong_head_split_is_refused_for_per_head_tensors(tmp_path):
+    torch.save({**split_state_dict(4, 16), **ht_buffers(4, 16)}, tmp_path / "step_1.pt")
+    assert attach(tmp_path, config=split_cfg(4, 16)).steps == [1]
+    with pytest.raises(CheckpointError, match=r"step_1\.pt: .*W_Q.*\(4, 64, 16\).*\(8, 64, 8\)"):
+        attach(tmp_path, config=split_cfg(8, 8))
+
+
+@pytest.mark.skipif(not compat.is_tl4(), reason="fused q/k/v state dicts are what TransformerLens 4.x saves; "
+                    "3.9 refuses them as foreign (test_fused_files_are_foreign_on_tl39)")
+def test_a_fused_checkpoint_head_split_is_checked_where_anything_records_it(tmp_path):
+    sd = fused_state_dict(4, 16)
+    torch.save({"model": sd, "config": {"n_heads": 4, "d_head": 16}, "step": 1}, tmp_path / "full.pt")
+    assert attach(tmp_path / "full.pt", config=split_cfg(4, 16)).steps == [1]
+    with pytest.raises(CheckpointError, match=r"full\.pt: the file records n_heads=4, d_head=16 but the config says "
+                                              r"n_heads=8, d_head=8"):
+        attach(tmp_path / "full.pt", config=split_cfg(8, 8))
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    torch.save(sd, folder / "step_1.pt")
+    (folder / "config.json").write_text(json.dumps(config_dict(split_cfg(4, 16))))
+    with pytest.raises(CheckpointError, match=r"bare/config\.json: n_heads=4 there but n_heads=8 in config="):
+        attach(folder, config=split_cfg(8, 8))  # the config saved beside the files says otherwise
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert attach(folder, config=split_cfg(4, 16)).steps == [1]  # confirmed by config.json
+    hand = dict(n_layers=1, d_model=64, n_heads=8, d_head=8, n_ctx=32, d_vocab=32, attn_only=True, act_fn=None)
+    (folder / "config.json").write_text(json.dumps(hand))  # a wrong config written by hand, alone
+    with pytest.warns(UserWarning, match=r"fused .* n_heads=8 x d_head=8 is the word of a hand-written config alone"):
+        attach(folder)
+
+
+@pytest.mark.skipif(compat.is_tl4(), reason="on 4.x fused files are native (the test above)")
+def test_fused_files_are_foreign_on_tl39(tmp_path):
+    torch.save(fused_state_dict(4, 16), tmp_path / "step_1.pt")
+    with pytest.raises(CheckpointError, match=r"step_1\.pt: weights do not fit the config: missing"):
+        attach(tmp_path, config=split_cfg(4, 16))
+
+
+def test_a_file_in_another_dtype_than_the_config_is_refused_not_upcast(tmp_path):
+    m = tiny_model(3)
+    torch.save({k: v.bfloat16() if v.is_floating_point() else v for k, v in m.state_dict().items()},
+               tmp_path / "step_5.pt")
+    (tmp_path / "config.json").write_text(json.dumps(config_dict(tiny_cfg())))
+    with pytest.raises(CheckpointError, match=r"step_5\.pt: the weights are stored as bfloat16 .* but the config's "
+                                              r"dtype is float32; they are not converted: set dtype='bfloat16'"):
+        attach(tmp_path)
+    bf16 = tiny_model(3, tiny_cfg(dtype=torch.bfloat16))
+    torch.save(bf16.state_dict(), tmp_path / "step_5.pt")
+    (tmp_path / "config.json").write_text(json.dumps(config_dict(tiny_cfg(dtype=torch.bfloat16))))
+    got = attach(tmp_path)[5]
+    assert {p.dtype for p in got.parameters()} == {torch.bfloat16} and same(got, bf16)
 
 
 # --------------------------------------------------------------------------------------

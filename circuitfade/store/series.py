@@ -10,7 +10,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from circuitfade.io import MAX_STEP, CheckpointError
+from circuitfade.io import MAX_STEP, CheckpointError, check_finite
 from circuitfade.gating.paths import GatePath
 from circuitfade.tasks import Task
 
@@ -198,7 +198,10 @@ class CheckpointSeries:
 
 
 def _load_snapshot(snap: Snapshot) -> nn.Module:
+    """``snap``'s model in eval mode; :class:`CheckpointError` naming the source and the parameter
+    when a weight is NaN or inf (whatever the source kind: files, runs, revisions, models)."""
     model = snap.load()
     if not isinstance(model, nn.Module):
         raise CheckpointError(f"{snap.source}: loader returned {type(model).__name__}, not a torch model")
+    check_finite(dict(model.named_parameters()), snap.source)
     return model.eval()

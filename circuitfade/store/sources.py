@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,36 +17,57 @@ import torch
 import torch.nn as nn
 
 from circuitfade import compat
-from circuitfade.io import MAX_STEP, CheckpointError, check_file, check_state_dict, load_tensors, read_header, read_json
+from circuitfade.io import (
+    MAX_STEP,
+    SHAPE_FIELDS,
+    CheckpointError,
+    check_file,
+    check_finite,
+    check_state_dict,
+    load_tensors,
+    read_header,
+    read_json,
+)
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 
 from .hf import HF_WEIGHT_FILES, hf_config, hf_series
 from .runs import is_run_dir, open_run
 from .series import CheckpointSeries, Snapshot
 
-WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".pt", ".pth", ".bin")
-"""File suffixes :func:`attach` treats as state-dict checkpoints."""
+WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+"""File suffixes :func:`attach` treats as state-dict checkpoints (``.ckpt``: PyTorch Lightning)."""
 
 
 # --------------------------------------------------------------------------------------
 # step numbers from names
 # --------------------------------------------------------------------------------------
-_STEP_WORDS = (  # tiers: a number after a word of an earlier tier wins over a later tier's
-    r"global_?step|steps?|iter(?:ation)?s?",
-    r"checkpoint|ckpt|model",
-)
-_NUM_END = r"(?!\d)(?!\.\d)"  # a whole integer, not the integer part of a decimal ("acc0.98")
-_STEP_TIERS = [re.compile(rf"(?<![A-Za-z])(?:{w})[-_= ]?(-?\d+){_NUM_END}", re.IGNORECASE) for w in _STEP_WORDS]
-_BARE_INT = re.compile(rf"(?<![A-Za-z0-9.])-\d+{_NUM_END}|(?<![\d.])\d+{_NUM_END}")  # "-5" negative only after a separator
+STEP_WORDS: tuple[str, ...] = ("step", "steps", "iter", "iters", "iteration", "iterations")
+"""Words whose number is the step (rule 1 of :func:`step_from_name`; ``global_step`` ends in ``step``)."""
+
+CHECKPOINT_WORDS: tuple[str, ...] = ("checkpoint", "ckpt", "model")
+"""Words whose number is the step when no :data:`STEP_WORDS` number is there (rule 2)."""
+
+EPOCH_WORDS: tuple[str, ...] = ("epoch", "epochs")
+"""Words whose number is an epoch, never a step (see ``steps_per_epoch``)."""
+
+# a number: a whole integer, a decimal (never a step: "acc0.98"), scientific ("1e-3", never a step),
+# with an optional thousands suffix ("1k", "2.5k"); a "-" is a sign only after a separator or at the start
+_NUMBER = re.compile(r"(?<![0-9.])(?P<neg>-)?(?P<num>\d+(?:\.\d+)?)(?P<exp>[eE][-+]?\d+)?(?P<k>[kK](?![A-Za-z]))?")
+_WORD_BEFORE = re.compile(r"([A-Za-z]+)([-_= ]?)$")
 
 NAMING_SCHEMES: tuple[tuple[str, int], ...] = (
     ("step_100.pt", 100),
     ("step100_acc0.98.pt", 100),
     ("epoch3_step100.pt", 100),
+    ("epoch=3-step=300.ckpt", 300),
     ("ckpt-100.safetensors", 100),
     ("ckpt_step1200.pt", 1200),
+    ("ckpt_10k.pt", 10000),
+    ("model_2.5k.pt", 2500),
     ("model_100.pt", 100),
     ("model-000300.safetensors", 300),
+    ("model_2L_300.pt", 300),
+    ("gpt2_bf16_step40.pt", 40),
     ("iter_100.pth", 100),
     ("global_step100.bin", 100),
     ("checkpoint-100", 100),
@@ -67,22 +90,73 @@ def _in_range(n: int, name: str) -> int:
     return n
 
 
-def step_from_name(name: str, step_pattern: str | re.Pattern | None = None) -> int | None:
-    """The training step a checkpoint's file stem or folder name states, ``None`` if it has no number.
+def _numbers(name: str) -> dict[str, list[int]]:
+    """The whole numbers of ``name`` by the word before each: ``"step"`` (rule 1), ``"checkpoint"``
+    (rule 2), ``"epoch"`` and ``"bare"`` (no word, or a word of its own after a separator).
+
+    Left out: decimals and scientific numbers (``acc0.98``, ``1e-3``) and digits that belong to a
+    word: glued to letters other than a step, checkpoint or epoch word (``v2``, ``bf16``, ``seed1``),
+    or followed by a letter (``2L``, ``70m``). ``1k``/``2.5k`` are thousands (1000, 2500).
+    """
+    out: dict[str, list[int]] = {"step": [], "checkpoint": [], "epoch": [], "bare": []}
+    for m in _NUMBER.finditer(name):
+        start = m.start()
+        before = name[:start]
+        negative = m.group("neg") is not None
+        glued_sep = ""
+        if negative and before and not before[-1] in "_= ":
+            negative, glued_sep = False, "-"  # "ckpt-100": the "-" separates, it is not a sign
+        after = name[m.end():m.end() + 1]
+        if after.isalpha():
+            continue  # "2L", "70m": the digits belong to a word
+        wm = _WORD_BEFORE.search(before)
+        word, sep = (wm.group(1).lower(), glued_sep or wm.group(2)) if wm else ("", glued_sep)
+        if word in STEP_WORDS:
+            kind = "step"
+        elif word in CHECKPOINT_WORDS:
+            kind = "checkpoint"
+        elif word in EPOCH_WORDS:
+            kind = "epoch"
+        elif word and not sep:
+            continue  # "v2", "bf16", "seed1"
+        else:
+            kind = "bare"
+        if m.group("exp"):
+            continue  # "1e-3": a learning rate, never a step
+        text = m.group("num")
+        if m.group("k"):
+            thousands = Decimal(text) * 1000
+            if thousands != thousands.to_integral_value():
+                raise ValueError(f"the name {name!r}: {text}{m.group('k')} is not a whole number of steps")
+            value = int(thousands)
+        elif "." in text:
+            continue  # a decimal ("acc0.98", "loss_0.42")
+        else:
+            value = int(text)
+        out[kind].append(-value if negative else value)
+    return out
+
+
+def step_from_name(name: str, step_pattern: str | re.Pattern | None = None, *,
+                   steps_per_epoch: int | None = None) -> int | None:
+    """The training step a checkpoint's file stem or folder name states, ``None`` if it states none.
 
     With ``step_pattern`` (a regex): its group named ``step``, else its only group, in the first
     match (``ValueError`` if it does not match). Otherwise, in order:
 
     1. the number right after ``step``/``steps``/``global_step``/``iter``/``iteration``
-       (``step_100``, ``step100_acc0.98``, ``epoch3_step100``, ``ckpt_step1200``);
+       (``step_100``, ``step100_acc0.98``, ``epoch3_step100``, Lightning ``epoch=3-step=300``);
     2. else the number right after ``checkpoint``/``ckpt``/``model`` (``ckpt-100``,
        Hugging Face ``checkpoint-100``, TransformerLens ``model_100``);
-    3. else the only integer in the name (``revision-2000``, ``100``).
+    3. else the only other whole number (``revision-2000``, ``100``, ``model_2L_300``).
 
-    A word must start the name or follow a non-letter; decimals (``acc0.98``) never count.
-    ``ValueError`` when the rule that applies finds two different numbers (``run3_seed1``,
-    ``step10_step20``), a negative number (``step_-5``), or a number beyond ``int64``. See
-    :data:`NAMING_SCHEMES` for tested examples.
+    ``1k`` and ``2.5k`` are 1000 and 2500. Never a step: decimals (``acc0.98``), scientific
+    numbers (``1e-3``) and digits that belong to a word (``2L``, ``v2``, ``bf16``, ``seed1``).
+    A number after ``epoch`` is an epoch, not a step: a name that states only an epoch
+    (``checkpoint_epoch_3``) is refused unless ``steps_per_epoch`` is given (then step = epoch ×
+    ``steps_per_epoch``). ``ValueError`` when the rule that applies finds two different numbers
+    (``step10_step20``, ``run_3_seed_1``), a negative number (``step_-5``), a number beyond
+    ``int64``, or only an epoch. See :data:`NAMING_SCHEMES` for tested examples.
     """
     if step_pattern is not None:
         rx = re.compile(step_pattern) if isinstance(step_pattern, str) else step_pattern
@@ -95,17 +169,23 @@ def step_from_name(name: str, step_pattern: str | re.Pattern | None = None) -> i
         if text is None or not re.fullmatch(r"-?\d+", text):
             raise ValueError(f"step_pattern r'{rx.pattern}': its group matched {text!r} in {name!r}, not an integer")
         return _in_range(int(text), name)
-    for tier in _STEP_TIERS:
-        found = sorted({int(m.group(1)) for m in tier.finditer(name)})
+    nums = _numbers(name)
+    for kind in ("step", "checkpoint"):
+        found = sorted(set(nums[kind]))
         if len(found) > 1:
             raise ValueError(f"the name {name!r} states several steps {found}")
         if found:
             return _in_range(found[0], name)
-    nums = sorted({int(t) for t in _BARE_INT.findall(name)})
-    if len(nums) > 1:
-        raise ValueError(f"the name {name!r} holds several numbers {nums} and none follows 'step', 'iter', "
-                         "'checkpoint', 'ckpt' or 'model'; which one is the step is ambiguous")
-    return _in_range(nums[0], name) if nums else None
+    epochs, bare = sorted(set(nums["epoch"])), sorted(set(nums["bare"]))
+    if len(bare) + len(epochs) > 1:
+        raise ValueError(f"the name {name!r} holds several numbers {sorted(bare + epochs)} and none follows 'step', "
+                         "'iter', 'checkpoint', 'ckpt' or 'model'; which one is the step is ambiguous")
+    if epochs:
+        if steps_per_epoch is None:
+            raise ValueError(f"the name {name!r} states epoch {epochs[0]} but no step, and an epoch is not a step: "
+                             "pass steps_per_epoch=N (step = epoch x N)")
+        return _in_range(epochs[0] * steps_per_epoch, name)
+    return _in_range(bare[0], name) if bare else None
 
 
 def _check_steps(steps, what: str) -> list[int]:
@@ -131,13 +211,18 @@ def _stem(p: Path) -> str:
 
 
 def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str, *,
-                 step_pattern: str | None = None, recorded: Sequence[int | None] | None = None) -> list[int]:
-    """Steps for ``items`` (already in natural order).
+                 step_pattern: str | None = None, steps_per_epoch: int | None = None,
+                 recorded: Sequence[int | None] | None = None) -> tuple[list[int], list[int]]:
+    """``(kept, labels)``: the indices of ``items`` (already in natural order) that are
+    checkpoints of the series, and their steps.
 
-    ``steps`` if given (it overrides names and files); else per item the step the file
-    records (``recorded``: a full checkpoint's ``step`` entry or safetensors metadata),
-    which must agree with a step its name states after a step word; else the step of the
-    name (:func:`step_from_name`). A lone item without a number is step 0. Refusals
+    ``steps`` if given (it overrides names and files; every item is kept); else per item the
+    step the file records (``recorded``: a full checkpoint's ``step`` entry or safetensors
+    metadata), which must agree with a step its name states after a step word; else the step
+    of the name (:func:`step_from_name`, with ``step_pattern`` / ``steps_per_epoch``). A lone
+    item without a number is step 0. Beside items whose names state a step, an item whose name
+    states none (``model_final.pt``, ``latest.pt``) is left out with a warning naming it and the
+    ``pattern=`` to pass, unless it records a step of its own that no other item has. Refusals
     (:class:`CheckpointError`) name the file and say how to label it (:data:`STEP_HINT`).
     """
     if steps is not None:
@@ -147,34 +232,44 @@ def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str, *,
                 f"steps= has {len(steps)} entries but there are {len(items)} {what}: "
                 f"{[p.name for p in items][:10]}"
             )
-        return _check_steps(steps, "steps=")
+        return list(range(len(items))), _check_steps(steps, "steps=")
     recorded = list(recorded) if recorded is not None else [None] * len(items)
-    out = []
+    named: list[int | None] = []
     for p, rec in zip(items, recorded):
         name = p.name if p.is_dir() else _stem(p)
         try:
-            s = step_from_name(name, step_pattern)
+            s = step_from_name(name, step_pattern, steps_per_epoch=steps_per_epoch)
         except ValueError as e:
             if rec is None:
                 raise CheckpointError(f"{p}: {e}; {STEP_HINT}") from None
             s = None
         if rec is not None:
-            stated = s is not None and (step_pattern is not None or any(t.search(name) for t in _STEP_TIERS))
+            stated = s is not None and (step_pattern is not None or any(_numbers(name)[w] for w in ("step", "checkpoint")))
             if stated and s != rec:
                 raise CheckpointError(f"{p}: the name says step {s} but the file records step {rec}; one of them "
                                       f"is wrong (pass steps=[...] to label the files yourself)")
-            s = rec
-        if s is None:
-            if len(items) == 1:
-                s = 0  # a lone checkpoint without a number is step 0
-            else:
-                raise CheckpointError(f"{p}: no step number in the name; {STEP_HINT}")
-        out.append(s)
-    dup = sorted({s for s in out if out.count(s) > 1})
+        named.append(s)
+    out = [rec if rec is not None else s for s, rec in zip(named, recorded)]
+    if len(items) == 1 and out[0] is None:
+        return [0], [0]  # a lone checkpoint without a number is step 0
+    kept = list(range(len(items)))
+    if any(s is not None for s in named) and any(s is None for s in named):
+        skip = [i for i in kept if named[i] is None and (out[i] is None or out.count(out[i]) > 1)]
+        if skip:
+            names = [items[i].name for i in skip]
+            warnings.warn(f"{items[0].parent}: left out {names}: their names state no step beside "
+                          f"{what} whose names do (pass pattern='...', a glob, to choose the {what} yourself, "
+                          "or steps=[...] to label them all)", UserWarning, stacklevel=4)
+            kept = [i for i in kept if i not in skip]
+    for i in kept:
+        if out[i] is None:
+            raise CheckpointError(f"{items[i]}: no step number in the name; {STEP_HINT}")
+    labels = [out[i] for i in kept]
+    dup = sorted({s for s in labels if labels.count(s) > 1})
     if dup:
-        names = [p.name for p, s in zip(items, out) if s in dup]
+        names = [items[i].name for i in kept if out[i] in dup]
         raise CheckpointError(f"{what} share step numbers {dup} ({names}); {STEP_HINT}")
-    return out
+    return kept, labels
 
 
 def _as_torch_dtype(v, source: str):
@@ -311,28 +406,114 @@ def _headers(files: list[Path], key: str | None, in_folder: bool) -> list:
     return out
 
 
+def _module_prefix(names, top: set[str]) -> str:
+    """The prefix every tensor name of a file shares that is not part of the model's own names
+    (PyTorch Lightning's ``model.``, DDP's ``module.``, ``torch.compile``'s ``_orig_mod.``, or
+    several of them), ``""`` if none. ``top``: the first name components of the model's tensors."""
+    names, prefix = list(names), ""
+    while names and all("." in n for n in names):
+        first = {n.split(".", 1)[0] for n in names}
+        if len(first) != 1 or next(iter(first)) in top:
+            break
+        p = first.pop() + "."
+        prefix += p
+        names = [n[len(p):] for n in names]
+    return prefix
+
+
+def _split_fields(cfg) -> dict[str, int]:
+    """The :data:`~circuitfade.io.SHAPE_FIELDS` values of a model config."""
+    return {k: getattr(cfg, k) for k in SHAPE_FIELDS if isinstance(getattr(cfg, k, None), int)}
+
+
+def _hand_written(config) -> bool:
+    """Whether a config came as a dict or JSON file that its config class's ``to_dict()`` did not
+    write (it lacks ``n_params``, which ``to_dict()`` always writes on both TransformerLens lines)."""
+    if isinstance(config, (str, Path)):
+        config = read_json(config)
+    return isinstance(config, Mapping) and "n_params" not in config and "priors" not in config
+
+
+def _check_recorded_fields(files: list[Path], headers: list, cfg, sibling: Path | None, hand_written: bool) -> None:
+    """Refuse a file (or a ``config.json`` beside the files, when ``config=`` was passed) that
+    records another shape than the config. Fused q/k/v tensors (``[n_heads*d_head, d_model]``,
+    what TransformerLens 4 saves) fit every head split of the same product, so when the files are
+    fused, nothing records the split and the config was written by hand (a dict or JSON file
+    that ``cfg.to_dict()`` did not write), warn that the split is the config's word alone."""
+    have = _split_fields(cfg)
+    confirmed = False
+    if sibling is not None:
+        other = read_json(sibling)
+        if isinstance(other, Mapping):
+            wrong = [f"{k}={other[k]!r} there but {k}={have[k]} in config=" for k in have
+                     if k in other and other[k] != have[k]]
+            if wrong:
+                raise CheckpointError(f"{sibling}: {'; '.join(wrong)}; the config does not describe these weights "
+                                      "(pass the config they were saved with)")
+            confirmed = all(k in other for k in ("n_heads", "d_head"))
+    split = True
+    for f, h in zip(files, headers):
+        wrong = {k: v for k, v in h.fields.items() if k in have and v != have[k]}
+        if wrong:
+            said = ", ".join(f"{k}={have[k]}" for k in wrong)
+            raise CheckpointError(f"{f}: the file records {', '.join(f'{k}={v}' for k, v in wrong.items())} but "
+                                  f"the config says {said}; the config does not describe these weights")
+        confirmed = confirmed or all(k in h.fields for k in ("n_heads", "d_head"))
+        split = split and any(k.endswith((".attn.W_Q", ".attn.W_K")) for k in h.tensors)
+    if hand_written and not split and not confirmed and not isinstance(cfg, SoftPriorConfig):
+        warnings.warn(
+            f"{files[0].parent}: the attention weights are fused ([n_heads*d_head, d_model]), which fits any "
+            f"head split; n_heads={have.get('n_heads')} x d_head={have.get('d_head')} is the word of a hand-written "
+            "config alone (a wrong split gives wrong heads and losses): use the config the model was trained "
+            "with (json.dump(cfg.to_dict(), f, default=str)), or record n_heads and d_head in the checkpoint "
+            "(an entry 'config')", UserWarning, stacklevel=5)
+
+
 def _file_series(files: list[Path], headers: list, steps: list[int], cfg, device, metadata, source: str,
-                 key: str | None = None) -> CheckpointSeries:
+                 key: str | None = None, sibling: Path | None = None, hand_written: bool = False) -> CheckpointSeries:
     skeleton = _new_model(cfg, shapes_only=True)
     expected = skeleton.state_dict()
+    top = {k.split(".", 1)[0] for k in expected} | {"embed", "pos_embed", "blocks", "ln_final", "unembed"}
+    prefixes = {}
     for f, h in zip(files, headers):  # eager, header-only validation (meta tensors: names, shapes, dtypes)
         bad = sorted(k for k, (_, d) in h.tensors.items() if not isinstance(d, torch.dtype))
         if bad:
             raise CheckpointError(f"{f}: tensors of a dtype torch cannot hold: {bad[:4]}")
-        peeked = {k: torch.empty(s, dtype=d, device="meta") for k, (s, d) in h.tensors.items()}
-        check_state_dict(_native(peeked, skeleton, str(f)), expected, str(f))
+        prefixes[f] = p = _module_prefix(h.tensors, top)
+        peeked = {k[len(p):]: torch.empty(s, dtype=d, device="meta") for k, (s, d) in h.tensors.items()}
+        _check_fit(_native(peeked, skeleton, str(f)), expected, str(f))
+    _check_recorded_fields(files, headers, cfg, sibling, hand_written)
 
     def loader(file: Path) -> Callable[[], nn.Module]:
         def load() -> nn.Module:
             model = _new_model(cfg, device or "cpu")
-            sd = _native(load_tensors(file, key=key), model, str(file))
-            check_state_dict(sd, model.state_dict(), str(file))
+            p = prefixes[file]
+            sd = {k[len(p):]: v for k, v in load_tensors(file, key=key).items()}
+            check_finite(sd, str(file))
+            sd = _native(sd, model, str(file))
+            _check_fit(sd, model.state_dict(), str(file))
             model.load_state_dict(sd, strict=True)
             return model.to(device or "cpu", print_details=False)
         return load
 
     snaps = [Snapshot(s, loader(f), str(f)) for f, s in zip(files, steps)]
     return CheckpointSeries(snaps, metadata, source=source)
+
+
+def _check_fit(sd: Mapping, expected: Mapping, source: str) -> None:
+    """:func:`~circuitfade.io.check_state_dict` with exact dtypes: a file saved in another
+    floating dtype than the config's (``bfloat16`` weights, a ``float32`` config) is refused,
+    never converted, so the model analysed is the one that was saved."""
+    other = {k: v.dtype for k, v in sd.items() if k in expected and v.is_floating_point()
+             and expected[k].is_floating_point() and v.dtype != expected[k].dtype}
+    if other:
+        k = next(iter(other))
+        found = sorted({str(d).removeprefix("torch.") for d in other.values()})
+        want = str(expected[k].dtype).removeprefix("torch.")
+        raise CheckpointError(f"{source}: the weights are stored as {', '.join(found)} ({len(other)} tensors, e.g. "
+                              f"{k}) but the config's dtype is {want}; they are not converted: set dtype="
+                              f"{found[0]!r} in the config to analyse them as saved")
+    check_state_dict(sd, expected, source, exact_dtype=True)
 
 
 def _weight_files(folder: Path, pattern: str | None) -> list[Path]:
@@ -420,20 +601,27 @@ def from_models(models, *, steps: Sequence[int] | None = None, metadata: Mapping
 
 
 def from_state_dicts(files, *, config=None, steps: Sequence[int] | None = None, pattern: str | None = None,
-                     step_pattern: str | None = None, key: str | None = None, metadata: Mapping | None = None,
-                     device: str | None = None) -> CheckpointSeries:
+                     step_pattern: str | None = None, steps_per_epoch: int | None = None, key: str | None = None,
+                     metadata: Mapping | None = None, device: str | None = None) -> CheckpointSeries:
     """State-dict files of a ``HookedTransformer`` / ``SoftPriorTransformer``: a folder of them
     (``pattern`` filters), one file, a list of files, or a dict ``{step: file}``.
 
     A file holds a bare state dict, or a full training checkpoint (``{"model": sd,
-    "optimizer": ..., "step": s}``) whose state dict is the entry ``key`` or the one of
-    :data:`~circuitfade.io.MODEL_STATE_KEYS` present. Steps: ``steps=`` if given, else the
-    step the file records (a full checkpoint's ``step`` entry; it must agree with a step
-    the name states), else the name's (:func:`step_from_name`, or ``step_pattern``).
+    "optimizer": ..., "step": s}``, or a PyTorch Lightning ``.ckpt``) whose state dict is the
+    entry ``key`` or the one of :data:`~circuitfade.io.MODEL_STATE_KEYS` present; a prefix all
+    its names share (Lightning's ``model.``, DDP's ``module.``) is dropped. Steps: ``steps=`` if
+    given, else the step the file records (a full checkpoint's ``step``/``global_step`` entry; it
+    must agree with a step the name states), else the name's (:func:`step_from_name`, or
+    ``step_pattern``; ``steps_per_epoch`` for names that state only an epoch). In a folder, files
+    whose names state no step beside files whose names do (``model_final.pt``, ``latest.pt``)
+    are left out with a warning naming them.
 
     ``config`` (default: ``config.json`` next to the files) is a
     ``HookedTransformerConfig``, a dict of its fields or a JSON file of them. Every
-    file's header (names, shapes, dtypes) is checked against it now.
+    file's header (names, shapes, dtypes) is checked against it now: every shape the config
+    implies (the head split too, where the file holds per-head tensors or records its config),
+    and the dtype exactly (a ``bfloat16`` file with a ``float32`` config is refused, not
+    converted). Weights holding NaN or inf are refused when loaded, naming the file and tensor.
     """
     own_steps = isinstance(files, Mapping)
     in_folder = False
@@ -460,16 +648,23 @@ def from_state_dicts(files, *, config=None, steps: Sequence[int] | None = None, 
             _check_files_exist(paths)
             folder = paths[0].parent
         headers = _headers(paths, key, in_folder)
-        labels = _label_steps(paths, steps, "files", step_pattern=step_pattern, recorded=[h.step for h in headers])
+        kept, labels = _label_steps(paths, steps, "files", step_pattern=step_pattern, steps_per_epoch=steps_per_epoch,
+                                    recorded=[h.step for h in headers])
+        paths, headers = [paths[i] for i in kept], [headers[i] for i in kept]
+    sibling, hand_written = None, _hand_written(config) if config is not None else False
     if cfg is None:
+        hand_written = _hand_written(_sibling_config(folder))
         cfg = _build_config(_sibling_config(folder), "config")
+    elif (folder / "config.json").is_file() and not isinstance(cfg, SoftPriorConfig):
+        sibling = folder / "config.json"  # config= given: the config saved beside the files must agree with it
     source = str(folder) if in_folder else str(paths[0]) if _is_pathlike(files) else str(folder)
-    series = _file_series(paths, headers, labels, cfg, device, _folder_meta(folder, metadata), source, key)
+    series = _file_series(paths, headers, labels, cfg, device, _folder_meta(folder, metadata), source, key, sibling,
+                          hand_written)
     return _select(series, steps) if own_steps else series
 
 
 def from_hf(folder: str | Path, *, steps: Sequence[int] | None = None, pattern: str | None = None,
-            step_pattern: str | None = None, metadata: Mapping | None = None,
+            step_pattern: str | None = None, steps_per_epoch: int | None = None, metadata: Mapping | None = None,
             device: str | None = None) -> CheckpointSeries:
     """A local Hugging Face model directory, or a folder of them (one per revision; ``pattern`` filters;
     steps from the folder names as :func:`step_from_name` reads them, or ``steps=``/``step_pattern``).
@@ -492,7 +687,9 @@ def from_hf(folder: str | Path, *, steps: Sequence[int] | None = None, pattern: 
         dirs = sorted((p for p in subdirs if hf_config(p) is not None), key=lambda p: _natural_key(p.name))
         if not dirs:
             raise CheckpointError(f"{path}: no Hugging Face model directories{f' matching {pattern!r}' if pattern else ''}")
-    labels = _label_steps(dirs, steps, "model directories", step_pattern=step_pattern)
+    kept, labels = _label_steps(dirs, steps, "model directories", step_pattern=step_pattern,
+                                steps_per_epoch=steps_per_epoch)
+    dirs = [dirs[i] for i in kept]
     return hf_series(dirs, labels, device, _folder_meta(path, metadata), str(path))
 
 
@@ -552,6 +749,7 @@ def attach(
     steps: Sequence[int] | None = None,
     pattern: str | None = None,
     step_pattern: str | None = None,
+    steps_per_epoch: int | None = None,
     key: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     device: str | None = None,
@@ -576,6 +774,9 @@ def attach(
         step_pattern: for files and Hugging Face folders: a regex whose group (or group
             named ``step``) is the step in each file stem / folder name, for names that
             :func:`step_from_name` does not read (see :data:`NAMING_SCHEMES`).
+        steps_per_epoch: for files and Hugging Face folders whose names state only an epoch
+            (``checkpoint_epoch_3.pt``): step = epoch x ``steps_per_epoch``. Without it such
+            names are refused (an epoch is not a step).
         key: for ``.pt``/``.pth``/``.bin`` full training checkpoints: the entry holding
             the model's state dict (default: whichever of ``model``, ``state_dict``,
             ``model_state_dict`` the file has).
@@ -589,16 +790,20 @@ def attach(
         ValueError: an unknown source kind (message lists the accepted kinds), or
             inconsistent arguments.
     """
+    if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
+                                        or steps_per_epoch < 1):
+        raise ValueError(f"steps_per_epoch= must be a positive integer, got {steps_per_epoch!r}")
     kind = _kind(source, pattern)
     kw = dict(steps=steps, metadata=metadata, device=device)
     if kind == "files":
-        return from_state_dicts(source, config=config, pattern=pattern, step_pattern=step_pattern, key=key, **kw)
+        return from_state_dicts(source, config=config, pattern=pattern, step_pattern=step_pattern,
+                                steps_per_epoch=steps_per_epoch, key=key, **kw)
     for name, value in (("config", config), ("key", key)):
         if value is not None:
             raise ValueError(f"{name}= applies to state-dict files only, not to {_KIND_NAMES[kind]}")
     if kind == "hf":
-        return from_hf(source, pattern=pattern, step_pattern=step_pattern, **kw)
-    for name, value in (("step_pattern", step_pattern), ("pattern", pattern)):
+        return from_hf(source, pattern=pattern, step_pattern=step_pattern, steps_per_epoch=steps_per_epoch, **kw)
+    for name, value in (("step_pattern", step_pattern), ("pattern", pattern), ("steps_per_epoch", steps_per_epoch)):
         if value is not None:
             raise ValueError(f"{name}= applies to folders of files and Hugging Face folders, not to "
                              f"{_KIND_NAMES[kind]} (which carry their own steps: select some with steps=)")
