@@ -196,9 +196,7 @@ def seeds_cell(run: int | None, declared: int | None) -> str:
     seeds declared; ``"—"`` when either is unknown."""
     if run is None or declared is None:
         return "—"
-    for name, x in (("run", run), ("declared", declared)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-            raise ValueError(f"seeds_cell: {name} must be a non-negative integer, got {x!r}")
+    run, declared = stats.check_count(run, "seeds_cell: run"), stats.check_count(declared, "seeds_cell: declared")
     return f"{run} of {declared}"
 
 

@@ -378,6 +378,8 @@ def bootstrap_ratio(numerators, denominators, weights: np.ndarray) -> np.ndarray
             f"bootstrap_ratio: numerators {num.shape}, denominators {den.shape} and weights {w.shape} "
             "must share the example dimension"
         )
+    if den.size == 0:
+        raise ValueError("bootstrap_ratio: expected at least one example, got none")
     for name, v in (("denominators", den), ("weights", w)):
         if np.isnan(v).any() or (v < 0).any():
             raise ValueError(f"bootstrap_ratio: {name}: expected counts >= 0 without NaN")

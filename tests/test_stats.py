@@ -134,3 +134,20 @@ def test_satterthwaite_interval_normal_only_when_both_errors_are_large_sample():
     assert t.hi - t.lo > z.hi - z.lo
     nan = stats.satterthwaite_interval(0.7, math.nan, 2, 0.5, 0.01, 4)  # an arm without an error: undecided
     assert nan.estimate == pytest.approx(0.2) and math.isnan(nan.lo) and math.isnan(nan.hi)
+
+
+def test_t_distribution_keeps_its_digits_at_large_df():
+    """For large df the quantile is z + (z³ + z)/(4ν) + O(ν⁻²) (Cornish-Fisher); the continued
+    fraction alone lost that correction (df 1e9: -2.6e-7 instead of +2.4e-9) and overflowed at 1e300."""
+    z = stats.z_value(0.95)
+    for df in (1e5, 1e9, 1e12):
+        t = stats.t_quantile(0.975, df)
+        assert t - z == pytest.approx((z ** 3 + z) / (4 * df), rel=1e-4)
+        assert stats.t_cdf(t, df) == pytest.approx(0.975, rel=1e-14)
+    assert stats.t_quantile(0.975, 1e300) == z and stats.t_cdf(-20.0, math.inf) == pytest.approx(2.7536241186e-89, rel=1e-9)
+    st = pytest.importorskip("scipy.stats")
+    for df in (1e3, 1e4, 99_999.0, 1e5, 1e6, 1e8, 1e12, 1e16):
+        for q in (0.6, 0.975, 0.99995, 1e-6):
+            assert stats.t_quantile(q, df) == pytest.approx(st.t.ppf(q, df), rel=1e-10), (df, q)
+        for t in (0.3, 1.96, 5.0, 20.0):
+            assert stats.t_cdf(-t, df) == pytest.approx(st.t.cdf(-t, df), rel=1e-9), (df, t)
