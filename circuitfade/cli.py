@@ -2,80 +2,40 @@
 
 Each subcommand is a function taking parsed arguments; :func:`main` takes an
 ``argv`` list so tests can call it directly. Every subcommand runs inside
-:func:`guarded`: a user error (bad input, a held lock, a full or read-only disk,
-a diverged run) ends as one line on stderr naming the problem and exit code 2;
-Ctrl-C ends as one line (exit 130) that says the command can be run again to
-resume only for the commands that resume (``train``, ``demo``, ``local-series``);
-a second Ctrl-C while the process winds down ends it at once, quietly.
+:func:`~circuitfade.viz.command.guarded` (the command-line boundary every subcommand
+shares, :mod:`circuitfade.viz.command`): a user error (bad input, a held lock, a full or
+read-only disk, a diverged run) ends as one line on stderr naming the problem in the
+command's own flags (never the library's Python argument names), at most a few hundred
+characters, with a pointer to ``--help`` for bad input, and exit code 2; a usage error
+found by the parser is one such line too. A command that fails leaves no output folder
+it created behind. Ctrl-C ends as one line (exit 130) that says the command can be run
+again to resume only for the commands that resume (``train``, ``demo``,
+``local-series``); a second Ctrl-C while the process winds down ends it at once, quietly.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
-
-# --------------------------------------------------------------------------------------
-# error handling shared by every subcommand
-# --------------------------------------------------------------------------------------
-class UsageError(ValueError):
-    """A bad command-line value (reported as one line, exit code 2)."""
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from concurrent.futures import BrokenExecutor  # a worker process died (killed, out of memory)
-
-    from circuitfade.compat import TLLineError  # backend='hooked' under TransformerLens 4
-    from circuitfade.train import RunLocked, TrainingDiverged
-
-    return (ValueError, OSError, RunLocked, TrainingDiverged, BrokenExecutor, TLLineError)
+# the boundary every subcommand shares (light: nothing heavy is imported)
+from circuitfade.viz.command import (  # noqa: F401 - guarded, check_count, RESUME_HINT: the studies' commands use them
+    RESUME_HINT,
+    Parser,
+    UsageError,
+    check_count,
+    flag_names,
+    guarded,
+    removing_new_folders,
+)
 
 
 def _one_line(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        where = f"{e.filename}: " if e.filename else ""
-        hint = " (disk full)" if e.errno == errno.ENOSPC else ""
-        return f"{where}{e.strerror}{hint}"
     return " ".join(str(e).split()) or type(e).__name__
-
-
-RESUME_HINT = "finished checkpoints are kept: run the same command again to resume"
-"""What :func:`guarded` adds after "interrupted" for commands that resume (the default)."""
-
-
-def _exit_at_once(signum, frame) -> None:  # pragma: no cover - runs in a process that is ending
-    """A second Ctrl-C while the process winds down (atexit handlers, pool shutdown): exit
-    now, with no traceback (files are written atomically, so nothing is left half-written)."""
-    os._exit(130)
-
-
-def guarded(prog: str, fn, *args, resume: str | None = RESUME_HINT) -> int:
-    """Run ``fn(*args)``; user errors -> one line + exit 2, Ctrl-C -> one line + exit 130.
-
-    The Ctrl-C line is ``"{prog}: interrupted"`` plus ``"; {resume}"`` when ``resume`` is
-    given (commands that do not resume pass ``resume=None``). After a Ctrl-C, a further
-    one ends the process at once (exit 130) instead of raising inside the interpreter's
-    exit handlers.
-    """
-    try:
-        return int(fn(*args) or 0)
-    except KeyboardInterrupt:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, _exit_at_once)
-        print(f"{prog}: interrupted" + (f"; {resume}" if resume else ""), file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - filtered just below; anything else is a bug: traceback
-        if not isinstance(e, _user_errors()):
-            raise
-        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
-        return 2
 
 
 # --------------------------------------------------------------------------------------
@@ -100,17 +60,6 @@ def _task_dict(name: str, kv: list[str] | None) -> dict:
         return parse_task_args(name, kv)
     except ValueError as e:
         raise UsageError(str(e)) from None
-
-
-def check_count(flag: str, v, minimum: int = 1):
-    """``v`` if it is an integer ``>= minimum`` (``None`` passes: the flag was not given), else a
-    :class:`UsageError` naming ``flag`` (so ``--workers 0`` starts no work)."""
-    if v is None:
-        return v
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise UsageError(f"{flag} must be {what}, got {v!r}")
-    return v
 
 
 def _json_object(flag: str, text: str | None) -> dict:
@@ -210,7 +159,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
         return 0
     out = ns.out or f"runs/{cfg.task['name']}/{cfg.path.replace('->', 'to')}/seed{cfg.seed}"
     t0 = time.time()
-    res = _train_one({"config": cfg.to_dict(), "out": out, "progress": not ns.quiet})
+    with removing_new_folders(out):  # a run that fails before writing anything leaves no folder
+        res = _train_one({"config": cfg.to_dict(), "out": out, "progress": not ns.quiet})
     pm = cfg.make_task().primary_metric  # accuracy for token tasks, MSE for regression
     vals = "  ".join(f"{pm.key(c)} {res.get(pm.key(c), float('nan')):.3f}" for c in ("normal", "zero"))
     print(f"{out}: step {res['step']}  {vals}  ({time.time() - t0:.0f} s)")
@@ -270,12 +220,16 @@ def _write_demo_summary(path: Path, lines: list[str]) -> None:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    from circuitfade.train import RunConfig, TrainConfig
-
+    """Train the two demo runs, print and write the comparison, write the fade run's report."""
     summary = Path(ns.summary) if ns.summary else Path(ns.out) / "demo.md"
     if summary.exists() and (not summary.is_file() or not summary.read_text(errors="replace").startswith(DEMO_MARK)):
-        raise SystemExit(f"circuitfade demo: {summary} exists and was not written by the demo; "
-                         "name another file with --summary")
+        raise UsageError(f"{summary} exists and was not written by the demo; name another file with --summary")
+    with removing_new_folders(ns.out, summary.parent):
+        return _demo(ns, summary)
+
+
+def _demo(ns: argparse.Namespace, summary: Path) -> int:
+    from circuitfade.train import RunConfig, TrainConfig
 
     tc = TrainConfig(**_train_kwargs(ns, "steps"))
     ns.steps = tc.steps
@@ -338,7 +292,8 @@ def cmd_local_series(ns: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # the series must not depend on the thread count (docs: Benchmarks, threads)
     t0 = time.time()
     try:
-        build_local_series(ns.out, steps=steps, seed=ns.seed, progress=not ns.quiet)
+        with removing_new_folders(ns.out):
+            build_local_series(ns.out, steps=steps, seed=ns.seed, progress=not ns.quiet)
     finally:
         torch.set_num_threads(old)
     print(f"{ns.out}: done in {time.time() - t0:.0f} s. Next: circuitfade screen {ns.out}")
@@ -361,8 +316,12 @@ def _train_kwargs(ns: argparse.Namespace, *names: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="circuitfade", description="Annealable soft-prior Transformers: train, trace, reproduce.")
-    sub = ap.add_subparsers(dest="command", required=True)
+    """The ``circuitfade`` parser (:class:`~circuitfade.viz.command.Parser`: usage errors are one
+    line); each built-in subcommand's defaults carry its ``func`` and its ``flags``
+    (:func:`~circuitfade.viz.command.flag_names`, for errors in the command's own syntax)."""
+    ap = Parser(prog="circuitfade", description="Annealable soft-prior Transformers: train, trace, reproduce.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                            help="one of the subcommands below; circuitfade COMMAND --help for its options")
 
     t = sub.add_parser(
         "train", help="train one run along a gate path",
@@ -378,7 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--print-config", action="store_true", help="print the resulting RunConfig as JSON and exit")
     t.add_argument("--task", help="task name (assoc, markov, ...; default assoc)")
     t.add_argument("--task-arg", action="append", metavar="KEY=VALUE", help="task parameter, e.g. p=0.2")
-    t.add_argument("--path", help="gate path spec, e.g. unforced, forced_zero, fade600->0 (default fade600->0)")
+    t.add_argument("--path", help="gate path: a named path (unforced, forced_zero, fade600->0, linear0.5->0, "
+                                  "switch@600, posthoc2550, ...) or a schedule spec such as fade600+450->0, "
+                                  "linear0.5->0@0:1000, switch@1050 or pw(0:0.5,600:0.5,1050:0) "
+                                  "(default fade600->0)")
     t.add_argument("--seed", type=int, help="seed (default 0)")
     t.add_argument("--steps", type=int, help="global step at which the run ends (default: TrainConfig's, 3600)")
     t.add_argument("--eval-every", type=int, help="evaluate every N steps (default: TrainConfig's)")
@@ -390,23 +352,33 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
-    d = sub.add_parser("demo", help="train unforced and fade600->0 and compare zero-gate accuracy")
-    d.add_argument("--out", default="runs/demo")
-    d.add_argument("--seed", type=int, default=0)
+    d = sub.add_parser("demo", help="train unforced and fade600->0 and compare zero-gate accuracy",
+                       description="Train the unforced and the fade600->0 paths on associative recall in parallel "
+                                   "(one progress bar each; finished runs are reused), print accuracy with the "
+                                   "gates as trained and zeroed, write the table to a markdown summary and an "
+                                   "HTML report of the fade run.")
+    d.add_argument("--out", default="runs/demo", metavar="DIR",
+                   help="folder for both runs, the summary and the report (default runs/demo)")
+    d.add_argument("--seed", type=int, default=0, help="seed of both runs (default 0)")
     d.add_argument("--steps", type=int, help="steps per run (default: TrainConfig's, 3600)")
     d.add_argument("--no-report", action="store_true", help="skip the HTML report of the fade run")
     d.add_argument("--summary", help="markdown file for the table and the command (default OUT/demo.md; "
                                      "a file the demo did not write is never replaced)")
     d.set_defaults(func=cmd_demo)
     ls = sub.add_parser("local-series", help="train the local developing series that `circuitfade screen` screens "
-                                             "(no download; one torch thread, progress bar)")
+                                             "(no download; one torch thread, progress bar)",
+                        description="Train the local developing series (a small model on the repeats task, "
+                                    "checkpoints at step 0 and log-spaced steps) that circuitfade screen screens; "
+                                    "a finished run is reused.")
     ls.add_argument("out", nargs="?", default="runs/local_series", help="run directory (default runs/local_series)")
     ls.add_argument("--steps", type=int, help="training steps (default 3000, the measured series)")
-    ls.add_argument("--seed", type=int, default=0)
+    ls.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     ls.add_argument("--quiet", action="store_true", help="no progress bar")
     ls.set_defaults(func=cmd_local_series)
     for name, (_, _, helptext) in DELEGATED.items():
         sub.add_parser(name, help=helptext + f" (see: circuitfade {name} --help)", add_help=False)
+    for p in (t, d, ls):
+        p.set_defaults(flags=flag_names(p))
     return ap
 
 
@@ -420,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                        resume=None)
     ns = build_parser().parse_args(argv)
     ns.argv = argv[1:]  # as typed, for the files that record their command
-    return guarded(f"circuitfade {ns.command}", ns.func, ns)  # train, demo, local-series: they resume
+    return guarded(f"circuitfade {ns.command}", ns.func, ns, flags=ns.flags)  # train, demo, local-series: they resume
 
 
 if __name__ == "__main__":

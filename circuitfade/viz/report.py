@@ -44,6 +44,8 @@ from circuitfade.analysis import (
 from circuitfade.gating.evaluation import has_gates
 from circuitfade.io import atomic_write, check_outputs, default_output_dir
 from circuitfade.store import CheckpointSeries, attach, check_series_weights, trace
+from circuitfade.viz.command import (Parser, add_source_arguments, flag_names, guarded, removing_new_folders,
+                                     source_from_args)
 from circuitfade.viz.html import Note, Section, Table, page
 from circuitfade.viz.tables import markdown_table
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_label, eval_set, parse_task_args
@@ -229,7 +231,9 @@ def default_report_path(source: str | Path) -> Path:
 
 
 def build_parser(prog: str = "circuitfade analyze") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    """The ``circuitfade analyze`` parser: the report's options and the checkpoint-finding group
+    it shares with ``circuitfade screen`` (:func:`~circuitfade.viz.command.add_source_arguments`)."""
+    ap = Parser(
         prog=prog,
         description="Trace per-head diagnostics over a checkpoint series, print the consolidation timeline "
                     "and write an HTML report (heatmaps with a step slider, timelines, gate interventions).",
@@ -245,53 +249,33 @@ def build_parser(prog: str = "circuitfade analyze") -> argparse.ArgumentParser:
     ap.add_argument("--task", metavar="NAME", help="task for sources that are not circuitfade runs (e.g. assoc)")
     ap.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="task config argument (repeatable; typed by the task's config fields), with --task")
-    ap.add_argument("--config", metavar="JSON", help="model config for a folder of state-dict files (attach config=)")
-    ap.add_argument("--pattern", metavar="GLOB",
-                    help="only the files / revision folders of RUN_DIR matching GLOB (e.g. 'step*.pt'; attach pattern=)")
-    ap.add_argument("--steps", metavar="S,S,...", type=_step_list,
-                    help="step labels of the files in name order (state-dict files, Hugging Face folders), or the "
-                         "steps to analyse (run directories); comma-separated (attach steps=)")
-    ap.add_argument("--step-pattern", metavar="REGEX",
-                    help="regex whose group is the step in each file / folder name (attach step_pattern=)")
-    ap.add_argument("--key", metavar="KEY",
-                    help="entry of full .pt checkpoints holding the model's state dict (default: model, state_dict "
-                         "or model_state_dict; attach key=)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_source_arguments(ap, "RUN_DIR")
     return ap
 
 
-def _step_list(text: str) -> list[int]:
-    """``"0,100,400"`` as ``[0, 100, 400]`` (argparse type of ``--steps``)."""
-    try:
-        steps = [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integer steps such as 0,100,400, got {text!r}")
-    if not steps:
-        raise argparse.ArgumentTypeError("expected at least one step")
-    return steps
-
-
 def analyze_main(argv: list[str] | None = None) -> int:
-    """``circuitfade analyze RUN_DIR [--out FILE] [--n N] [--every STEPS]``: exit status 0, or 2 on bad input."""
-    ns = build_parser().parse_args(argv)
+    """``circuitfade analyze RUN_DIR [--out FILE] [--n N] [--every STEPS] ...``: exit status 0, 2 on bad
+    input (one line in the command's flags, :func:`~circuitfade.viz.command.guarded`; a report folder
+    the command created is removed again), 130 on Ctrl-C."""
+    ap = build_parser()
+    ns = ap.parse_args(argv)
+    return guarded(ap.prog, _analyze_command, ns, resume=NO_RESUME, flags=flag_names(ap), also=(KeyError,))
+
+
+NO_RESUME = "no report was written (an analysis does not resume: run the command again to start it over)"
+
+
+def _analyze_command(ns: argparse.Namespace) -> int:
     t0 = time.time()
-    try:
-        out = Path(ns.out) if ns.out else default_report_path(ns.run_dir)
+    out = Path(ns.out) if ns.out else default_report_path(ns.run_dir)
+    if ns.task_arg and not ns.task:
+        raise ValueError("--task-arg needs --task NAME")
+    with removing_new_folders(out.parent):
         check_outputs([out], force=ns.force)  # before any tracing
-        if ns.task_arg and not ns.task:
-            raise ValueError("--task-arg needs --task NAME")
         task = parse_task_args(ns.task, ns.task_arg) if ns.task else None
-        options = dict(config=ns.config, pattern=ns.pattern, steps=ns.steps, step_pattern=ns.step_pattern, key=ns.key)
-        source = attach(ns.run_dir, **options) if any(v is not None for v in options.values()) else ns.run_dir
+        source = source_from_args(ns, ns.run_dir)
         res = analyze(source, out, n=ns.n, seed=ns.seed, every=ns.every, task=task, progress=not ns.quiet)
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"circuitfade analyze: error: {msg}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("circuitfade analyze: interrupted; no report was written (an analysis does not resume: run the "
-              "command again to start it over)", file=sys.stderr)
-        return 130
     series = res["series"]
     print(f"{series.source}: {len(series)} checkpoints (steps {series.steps[0]}..{series.steps[-1]}), "
           f"task {res['task'].name}; {res['eval']}\n")

@@ -45,6 +45,8 @@ from circuitfade.io import check_outputs, default_output_dir, write_csv, write_t
 from circuitfade.store import CheckpointSeries, attach, head_label
 from circuitfade.store.revisions import sound_revisions
 from circuitfade.viz import plots
+from circuitfade.viz.command import (Parser, add_source_arguments, flag_names, guarded, removing_new_folders,
+                                     source_from_args)
 from circuitfade.viz.html import Note, Section, page
 
 __all__ = [
@@ -68,6 +70,18 @@ def _series(source) -> CheckpointSeries:
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     full = [f for f in frames if len(f)]
     return pd.concat(full, ignore_index=True) if full else frames[0]
+
+
+def check_screen_arguments(*, n, seq_len=None, bos=None, seed=0) -> None:
+    """``ValueError`` naming the first bad one of :func:`run`'s ``n`` (an integer >= 1),
+    ``seq_len`` (``None`` or an integer >= 1), ``bos`` (``None`` or a token id >= 0) and ``seed``
+    (an integer >= 0); :func:`run` calls it before attaching or screening anything."""
+    for name, v, minimum, optional in (("n", n, 1, False), ("seq_len", seq_len, 1, True), ("bos", bos, 0, True),
+                                       ("seed", seed, 0, False)):
+        if v is None and optional:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
 
 
 TABLES = ("integrity", "screen", "class_fractions", "emergence_shape", "layer_counts", "zero_layers",
@@ -99,6 +113,7 @@ def run(
     ``out`` (a folder), writes
     ``out/<html_name>`` and ``out/<table>.csv`` for each table.
     """
+    check_screen_arguments(n=n, seq_len=seq_len, bos=bos, seed=seed)  # before any work or progress bar
     series, integrity = sound_revisions(_series(series_or_run_dir))
     screen = screen_series(series, n=n, seq_len=seq_len, bos=bos, seed=seed, thresholds=thresholds,
                            progress=progress).table
@@ -325,7 +340,9 @@ def report_html(tables: Mapping[str, pd.DataFrame], *, meta: Mapping | None = No
 # command line
 # --------------------------------------------------------------------------------------
 def build_parser(prog: str = "circuitfade screen") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    """The ``circuitfade screen`` parser: the screen's options and the checkpoint-finding group it
+    shares with ``circuitfade analyze`` (:func:`~circuitfade.viz.command.add_source_arguments`)."""
+    ap = Parser(
         prog=prog,
         description="Screen every attention head of every revision of a checkpoint series (induction, "
                     "previous-token, BOS-attractor classes; head-output PR), print the series-level tables and "
@@ -342,6 +359,7 @@ def build_parser(prog: str = "circuitfade screen") -> argparse.ArgumentParser:
     ap.add_argument("--seq-len", type=int, metavar="L", help="half-length of the repeated input (default: auto)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the screen inputs (default 0)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_source_arguments(ap, "SERIES")
     return ap
 
 
@@ -351,18 +369,24 @@ def _print(title: str, df: pd.DataFrame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``circuitfade screen SERIES [--out report.html] [--bos ID] [--n N]``: exit 0, or 2 on bad input."""
-    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    """``circuitfade screen SERIES [--out report.html] [--bos ID] [--n N] ...``: exit 0, 2 on bad input
+    (one line in the command's flags, :func:`~circuitfade.viz.command.guarded`; folders the command
+    created are removed again), 130 on Ctrl-C."""
+    ap = build_parser()
+    ns = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    return guarded(ap.prog, _screen_command, ns, resume=None, flags=flag_names(ap), also=(KeyError,))
+
+
+def _screen_command(ns: argparse.Namespace) -> int:
     source = Path(ns.series)
     out = Path(ns.out) if ns.out else default_output_dir(source, "screen") / "screen.html"
     t0 = time.time()
-    try:
+    check_screen_arguments(n=ns.n, seq_len=ns.seq_len, bos=ns.bos, seed=ns.seed)  # before any progress bar
+    with removing_new_folders(out.parent):
         check_outputs([out, *(out.parent / f"{name}.csv" for name in TABLES)], force=ns.force)
-        tables = run(source, out.parent, n=ns.n, seq_len=ns.seq_len, bos=ns.bos, seed=ns.seed, html_name=out.name,
+        series = source_from_args(ns, source)
+        tables = run(series, out.parent, n=ns.n, seq_len=ns.seq_len, bos=ns.bos, seed=ns.seed, html_name=out.name,
                      progress=not ns.quiet)
-    except (ValueError, FileNotFoundError) as e:  # CheckpointError is a ValueError
-        print(f"circuitfade screen: error: {e}", file=sys.stderr)
-        return 2
     _print("Integrity", tables["integrity"][["step", "source", "status"]])
     _print("Class fractions", _wide_fractions(tables["class_fractions"]))
     _print("Emergence shape", tables["emergence_shape"])
