@@ -132,7 +132,9 @@ def test_tables_from_planted_runs(planted_root, tmp_path):
     assert R.main(["--tables-only", "--runs", str(planted_root), "--out", str(out), "--no-figure"]) == 0
     cells = pd.read_csv(out / "map_cells.csv").set_index("task")
     a, b = cells.loc["recall (default)"], cells.loc["recall (shared vocab)"]
-    assert a["class"] == "path decides removability" and b["class"] == "prior only speeds learning"
+    assert a["class_v1"] == "path decides removability" and b["class_v1"] == "prior only speeds learning"
+    # version 2: from the interval (3 seeds: [+0.14, +0.90] straddles 0.2) and [+0.02 ± tiny] below 0.2
+    assert a["class"] == "undecided" and b["class"] == "margin below 0.2" and b.outcome == "not reproduced"
     assert a.margin_mean == pytest.approx(np.mean([0.5, 0.35, 0.7]))
     lo_hi = R.t_interval([0.5, 0.35, 0.7])
     assert (a.margin_lo, a.margin_hi) == pytest.approx(lo_hi[1:])
@@ -167,7 +169,42 @@ def test_needs_five_seeds_flag():
         for s, (fz, fa) in enumerate([(0.3, 0.45), (0.3, 0.55), (0.3, 0.5)]) for p, a in
         (("forced_zero", fz), ("fade600->0", fa))])
     c = R.cell_table(runs).iloc[0]
-    assert c.margin_mean == pytest.approx(0.2) and bool(c.needs_5_seeds) and c["class"] == "mixed"
+    assert c.margin_mean == pytest.approx(0.2) and bool(c.needs_5_seeds) and c["class_v1"] == "mixed"
+    assert c["class"] == "undecided" and c.outcome == "inconclusive"
+
+
+def _cell_runs(pairs, steps=3600):
+    return pd.DataFrame([
+        {"model": "m", "task": "t", "steps": steps, "path": p, "seed": s, "acc_zero": a, "t50": np.nan,
+         "plateau": a < 0.3, "run": f"{p}{s}"}
+        for s, (fz, fa) in enumerate(pairs) for p, a in (("forced_zero", fz), ("fade600->0", fa))])
+
+
+def test_plateau_guard_and_interval_classes():
+    """Both paths on the plateau in every seed: not testable, however tight the margin; a margin whose
+    whole interval is above 0.2 decides; one whose whole interval is below does not."""
+    on_plateau = R.cell_table(_cell_runs([(0.20, 0.25), (0.21, 0.26), (0.22, 0.27)])).iloc[0]
+    assert on_plateau["class"] == "not testable" and on_plateau.outcome == "not testable"
+    assert on_plateau.class_v1 == "no difference"  # version 1 called a plateau cell a finding
+    decides = R.cell_table(_cell_runs([(0.30, 0.80), (0.31, 0.80), (0.32, 0.83)])).iloc[0]
+    assert decides["class"] == "path decides removability" and decides.outcome == "reproduced"
+    below = R.cell_table(_cell_runs([(0.70, 0.72), (0.71, 0.72), (0.72, 0.75)])).iloc[0]
+    assert below["class"] == "margin below 0.2"
+    assert R.classify_interval(0.1, 0.3, 1, False) == "too few seeds"
+
+
+def test_grid_verdict_is_judged_over_the_family():
+    """A cell that decides at 95% but not at the Bonferroni level leaves the grid's claim inconclusive."""
+    one = _cell_runs([(0.30, 0.62), (0.31, 0.59), (0.32, 0.68)]).assign(model="a")
+    flat = [_cell_runs([(0.70, 0.71), (0.71, 0.71), (0.72, 0.74)]).assign(model=f"f{i}") for i in range(9)]
+    cells = R.cell_table(pd.concat([one, *flat], ignore_index=True))
+    first = cells[cells.model == "a"].iloc[0]
+    assert first["class"] == "path decides removability"  # per cell, 95%
+    assert first.bonf_lo < 0.2 < first.margin_lo  # Bonferroni over 10 cells: no longer decided
+    v = R.grid_verdict(cells)
+    assert v.word == "inconclusive" and str(v.provenance) == "declared after the results"
+    v_flat = R.grid_verdict(cells[cells.model != "a"])
+    assert v_flat.word == "not reproduced"
 
 
 def test_persist_keeps_differing_runs_unless_forced(planted_root, tmp_path):
@@ -211,7 +248,7 @@ def test_figure_values_and_hover(planted_root, tmp_path):
     heat = [t for t in fig.data if t.type == "heatmap"][1]
     assert heat.z[0][0] == pytest.approx(np.mean([0.5, 0.35, 0.7])) and heat.z[0][1] == pytest.approx(0.02)
     assert heat.z[1][0] is None  # L2 d128: not run
-    assert "path decides" in heat.text[0][0] and "0.700, 0.600, 0.800" in heat.customdata[0][0]
+    assert "undecided" in heat.text[0][0] and "0.700, 0.600, 0.800" in heat.customdata[0][0]
     dots = [t for t in fig.data if t.type == "scatter"][0]
     assert len(dots.x) == 6 and sorted(np.round(dots.marker.color, 3))[-1] == 0.7
     assert sum(a.text == "not run" for a in fig.layout.annotations) == 6

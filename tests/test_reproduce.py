@@ -140,7 +140,8 @@ def test_large_controls_configs_and_verdict_column():
     sw = v5[v5.claim == "hard switch at 1050 falls short"].iloc[0][R.LARGE_VALUE]
     assert "; +0.000 [" in sw  # same seeds on both sides: no difference
     assert list(R.verdicts(pd.DataFrame(rows), "r", P.FULL, [0, 1, 2], None).columns) == [
-        "claim", "statistic", "ours (95% interval)", "rule", "verdict"]  # no large seeds: no large columns
+        "id", "claim", "statistic", "ours (95% interval)", "rule", "verdict", "seeds run",
+        "provenance"]  # no large seeds: no large columns
 
 
 def test_unknown_experiment_is_an_error(tmp_path, capsys):
@@ -175,7 +176,12 @@ def test_tables_only_keeps_what_needs_checkpoints(tmp_path):
     assert v.loc["consolidation happens after the gate reaches zero", "verdict"] == "not reproduced"
     assert "+0.054 [-0.067, +0.175] (paired t)" in v.loc["fade600->0 keeps zero-gate accuracy", "ours (95% interval)"]
     by_version = res["tables"]["verdicts_by_version"]
-    assert list(by_version.columns) == ["claim", "v1", "v2"] and (tmp_path / "verdicts_by_version.csv").is_file()
+    assert list(by_version.columns) == ["claim", "v1", "v2", "v3"] and (tmp_path / "verdicts_by_version.csv").is_file()
+    # v3: the one-seed arms are graded not run, with their seeds; every row states its provenance
+    bv = by_version.set_index("claim")
+    assert bv.loc["consolidation happens after the gate reaches zero", "v3"] == "not reproduced"
+    assert v.loc["consolidation happens after the gate reaches zero", "seeds run"] == "3 of 3"
+    assert set(v["provenance"]) == {"restated after the results"}
 
 
 def test_interventions_read_back_per_seed_rows(tmp_path):

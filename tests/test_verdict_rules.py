@@ -196,7 +196,8 @@ def test_declarations_are_versioned_data():
         assert all(d.version == k for k, d in registry.items())
         assert len({d.name for d in registry.values()}) == 1
         json.dumps(max(registry.values(), key=lambda d: d.version).payload())  # plain data
-    assert PR.DECLARATION is PR.DECLARATIONS[max(PR.DECLARATIONS)] and RD.DECLARATION.version == 1
+    assert PR.DECLARATION is PR.DECLARATIONS[max(PR.DECLARATIONS)] and RD.DECLARATION is RD.DECLARATIONS[2]
+    assert set(PR.PROVENANCE) == set(PR.DECLARATIONS) and set(RD.PROVENANCE) == set(RD.DECLARATIONS)
     edited = Declaration("paper", 2, {**PR.DECLARATION.data, "plateau_acc": 0.31})
     assert edited.sha256() != PR.DECLARATION.sha256()  # any edit shows in the hash
     with pytest.raises(ValueError, match="does not exist"):

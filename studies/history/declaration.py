@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
-from circuitfade.claims import Claim, Declaration, all_of, at_least, at_most
+from circuitfade.claims import Claim, Declaration, all_of, at_least, at_most, Provenance
 
 __all__ = ["DECLARATION", "DECLARATIONS", "RULES", "claims", "rule_inputs"]
 
@@ -74,6 +74,8 @@ DECLARATIONS: dict[int, Declaration] = {
 }
 DECLARATION = DECLARATIONS[1]
 """The declaration the history report is judged by now."""
+PROVENANCE = {1: Provenance.DECLARED_AFTER}
+"""When each version was written relative to the results it grades (v1: after the five-seed results)."""
 
 
 def claims(decl=DECLARATION) -> dict[str, Claim]:

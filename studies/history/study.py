@@ -72,7 +72,7 @@ from circuitfade.io import check_outputs, read_json, write_csv, write_json, writ
 from circuitfade.stats import t_interval  # the one Student-t interval (re-exported here)
 from circuitfade.viz.html import Section, write_page
 from circuitfade.viz.report import markdown_table
-from studies.history.declaration import DECLARATION, RULES, rule_inputs
+from studies.history.declaration import DECLARATION, PROVENANCE, RULES, rule_inputs
 from studies.history.declaration import claims as declared_claims
 from studies.history.figures import history_figures
 from studies.history.protocol import (
@@ -226,16 +226,27 @@ def verdicts(summary: pd.DataFrame, decl=DECLARATION) -> list[Verdict]:
     out = []
     for key, c in declared_claims(decl).items():
         names = rule_inputs(key)
+        prov = PROVENANCE.get(decl.version)
         if not all(q in g.index for q in names):
-            out.append(Verdict.not_run(c))
+            out.append(Verdict(c, "—", Outcome.NOT_RUN, provenance=prov, seeds_run=0, seeds_declared=decl.data["seeds"]))
             continue
         args = [{"mean": float(g.loc[q, "mean"]), "lo": float(g.loc[q, "ci_lo"]), "hi": float(g.loc[q, "ci_hi"]),
                  "n": int(g.loc[q, "n"])} for q in names]
         full, part = RULES[key](*args, decl=decl)
         outcome = grade(full, part)
         note = "(full rule undecided)" if outcome is Outcome.PARTLY and full is None else ""
-        out.append(Verdict(c, _ours(key, g, decl), outcome, note))
+        n_run = min(int(x["n"]) for x in args)
+        v = Verdict(c, _ours(key, g, decl), outcome, note, prov, n_run, decl.data["seeds"])
+        out.append(v)
     return out
+
+
+def verdict_rows(summary: pd.DataFrame, decl=DECLARATION) -> pd.DataFrame:
+    """``verdicts.csv``: one row per declared claim, its id (the declaration's key) first, then
+    :func:`circuitfade.claims.verdict_table`'s columns with the seeds run and the provenance."""
+    df = verdict_table(verdicts(summary, decl))
+    df.insert(0, "id", list(declared_claims(decl)))
+    return df
 
 
 def departures(hc: HistoryConfig, n_seeds: int, decl=DECLARATION) -> list[str]:
@@ -380,6 +391,7 @@ def run(seeds: int | Sequence[int] = 5, out: str | Path | None = "results/histor
             write_csv(out / f"{name}.csv", df)
         write_json(out / "config.json", asdict(hc))
         write_json(out / "run.json", {"seeds": seeds, "wall_s": wall, "quick": bool(quick)})
+        write_csv(out / "verdicts.csv", verdict_rows(summary))
         write_text(out / "results.md", md + "\n")
         _write_html(figures(frames["trace"], frames["patching"], hc), out / "figures.html",
                     "History dependence between ICL and IWL")
@@ -395,7 +407,7 @@ def rebuild(out: str | Path = "results/history", *, force: bool = False) -> str:
     for name in ("per_seed.csv", "config.json"):
         if not (out / name).is_file():
             raise ValueError(f"{out / name}: not found (a tables-only rebuild reads the files of a finished run)")
-    check_outputs([out / "summary.csv", out / "results.md"], force=force)
+    check_outputs([out / "summary.csv", out / "verdicts.csv", out / "results.md"], force=force)
     per_seed = pd.read_csv(out / "per_seed.csv")
     hc = HistoryConfig(**read_json(out / "config.json"))
     meta = read_json(out / "run.json") if (out / "run.json").is_file() else {}
@@ -406,6 +418,7 @@ def rebuild(out: str | Path = "results/history", *, force: bool = False) -> str:
     md = to_markdown(per_seed, summary, hc, note=note, wall_s=meta.get("wall_s"),
                      label="QUICK — code path only, not comparable to the study" if meta.get("quick") else "")
     write_csv(out / "summary.csv", summary)
+    write_csv(out / "verdicts.csv", verdict_rows(summary))
     write_text(out / "results.md", md + "\n")
     return md
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from circuitfade import stats
-from circuitfade.claims import Claim, Declaration, Outcome
+from circuitfade.claims import Claim, Declaration, Outcome, Verdict, seeds_cell
 from circuitfade.claims import grade as claim_grade
 from circuitfade.io import check_outputs, write_csv, write_text
 from circuitfade.tasks import make_task
@@ -106,18 +106,32 @@ def _d_str(a: P.Measure, bb: P.Measure, scale: float = 1.0, decl: Declaration = 
     return f"{d} ({d.method})" if not np.isnan(d.lo) else str(d)
 
 
-def _row(c: Claim, value: str, verdict) -> dict:
-    return {"claim": c.name, "statistic": c.statistic, "ours (95% interval)": value, "rule": c.rule,
-            "verdict": str(verdict)}
+def _row(c: Claim, value: str, verdict, *, key: str, ms: Sequence[P.Measure] = (), decl: Declaration = DECLARATION,
+         declared: int | None = None) -> dict:
+    """A verdict row: the claim's id (its key in the declaration), the claim, our value, its rule, the
+    verdict, the seeds its arms ran on against the seeds declared (the fewest over ``ms``) and the
+    declaration's provenance. Under a declaration with ``seeds_as_declared`` (v3) a claim whose arms
+    ran on fewer seeds than declared is "not run (k of n seeds)" (:meth:`Verdict.checked_seeds`)."""
+    word = str(verdict)
+    outcome = Outcome.parse(word)
+    declared = rules.declared_seeds(key) if declared is None else declared
+    n_run = min((m.n for m in ms), default=None)
+    v = Verdict(c, value, outcome, word[len(outcome.value):].strip(), rules.PROVENANCE[decl.version], n_run, declared)
+    if "seeds_as_declared" in decl.data and n_run:
+        v = v.checked_seeds()
+    return {"id": key, "claim": c.name, "statistic": c.statistic, "ours (95% interval)": value, "rule": c.rule,
+            "verdict": v.word, "seeds run": seeds_cell(v.seeds_run, v.seeds_declared),
+            "provenance": str(v.provenance)}
 
 
 def _path_claims(results: pd.DataFrame, root, b: P.Budget, seeds, model: dict | None = None,
-                 control_seeds=None, decl: Declaration = DECLARATION) -> list[dict]:
+                 control_seeds=None, decl: Declaration = DECLARATION, declared: int | None = None) -> list[dict]:
     """The five claims of Tables 1-2 (unforced collapses, forced_zero fails, the fade keeps
     zero-gate accuracy, the hard switch and post hoc continuation fall short) on one model
     (``model``: RunConfig.model overrides; ``None``: the base model) at ``seeds``; the two
     control claims compare with the fade on ``control_seeds`` (default ``seeds``), the seeds
-    Table 2 has, so both sides of a difference come from the same seeds."""
+    Table 2 has, so both sides of a difference come from the same seeds. ``declared``: the seeds
+    each arm should have (default: the declaration's; the large model: the seeds asked for)."""
     run = lambda path, s, **kw: P.run(path, s, b, model=model, **kw)  # noqa: E731
     S = list(seeds)
     n_eval = b.eval_size
@@ -129,22 +143,26 @@ def _path_claims(results: pd.DataFrame, root, b: P.Budget, seeds, model: dict | 
     rows = []
 
     un_z, un_n = m(unf), m(unf, "acc_normal")
-    rows.append(_row(C("unforced_collapses"), f"{un_z} / {un_n}",
-                     grade(*rules.unforced_collapses(un_z, un_n, decl), un_z.n > 0, _testable(un_z, un_n))))
+    R = lambda key, value, verdict, *ms: _row(C(key), value, verdict, key=key, ms=ms, decl=decl,  # noqa: E731
+                                              declared=None if declared is None else min(declared, len(S)))
+    rows.append(R("unforced_collapses", f"{un_z} / {un_n}",
+                  grade(*rules.unforced_collapses(un_z, un_n, decl), un_z.n > 0, _testable(un_z, un_n)), un_z, un_n))
     fz_z, fa_z = m(fz), m(fade)
-    rows.append(_row(C("forced_zero_fails"), f"{fz_z}; {_d_str(fz_z, fa_z, decl=decl)}",
-                     grade(*rules.forced_zero_fails(fz_z, fa_z, decl), fz_z.n > 0, _testable(fz_z, fa_z))))
-    rows.append(_row(C("fade_keeps"), f"{fa_z}; {_d_str(fa_z, fz_z, decl=decl)}",
-                     grade(*rules.fade_keeps(fa_z, fz_z, decl), fa_z.n > 0, _testable(fa_z))))
+    rows.append(R("forced_zero_fails", f"{fz_z}; {_d_str(fz_z, fa_z, decl=decl)}",
+                  grade(*rules.forced_zero_fails(fz_z, fa_z, decl), fz_z.n > 0, _testable(fz_z, fa_z)), fz_z, fa_z))
+    rows.append(R("fade_keeps", f"{fa_z}; {_d_str(fa_z, fz_z, decl=decl)}",
+                  grade(*rules.fade_keeps(fa_z, fz_z, decl), fa_z.n > 0, _testable(fa_z)), fa_z, fz_z))
     if control_seeds is not None and list(control_seeds) != S:
         S = list(control_seeds)
         fa_z = m(fade)
     sw = m(b.switch(1050))
-    rows.append(_row(C("switch_falls_short"), f"{sw}; {_d_str(sw, fa_z, decl=decl)}",
-                     grade(*rules.switch_falls_short(sw, fa_z, decl), sw.n > 0, _testable(sw, fa_z))))
+    R = lambda key, value, verdict, *ms: _row(C(key), value, verdict, key=key, ms=ms, decl=decl,  # noqa: E731
+                                              declared=None if declared is None else min(declared, len(S)))
+    rows.append(R("switch_falls_short", f"{sw}; {_d_str(sw, fa_z, decl=decl)}",
+                  grade(*rules.switch_falls_short(sw, fa_z, decl), sw.n > 0, _testable(sw, fa_z)), sw, fa_z))
     ph = _measure(results, root, [P.posthoc_config(root, s, b, model=model) for s in S], "acc_zero", n_eval)
-    rows.append(_row(C("posthoc_falls_short"), f"{ph}; {_d_str(ph, fa_z, decl=decl)}",
-                     grade(*rules.posthoc_falls_short(ph, fa_z, decl), ph.n > 0, _testable(ph, fa_z))))
+    rows.append(R("posthoc_falls_short", f"{ph}; {_d_str(ph, fa_z, decl=decl)}",
+                  grade(*rules.posthoc_falls_short(ph, fa_z, decl), ph.n > 0, _testable(ph, fa_z)), ph, fa_z))
     return rows
 
 
@@ -161,7 +179,8 @@ def _fade_window_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
     full, part = rules.fade_window(starts, fz_z, decl) if have else (None, None)
     value = (", ".join(f"{x.mean:.3f} [{x.lo:.3f}, {x.hi:.3f}]" for x in starts)
              + f"; spread {rules.spread(starts, decl)}") if have else "—"
-    return _row(rules.claim("fade_window", decl), value, grade(full, part, have, _testable(*starts)))
+    return _row(rules.claim("fade_window", decl), value, grade(full, part, have, _testable(*starts)),
+                key="fade_window", ms=[*starts, fz_z], decl=decl)
 
 
 def _shapes_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
@@ -173,7 +192,8 @@ def _shapes_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
     full, part = rules.shapes(smooth, two, decl) if have else (None, None)
     value = (f"{', '.join(f'{x.mean:.3f}' for x in smooth)} vs {two}; two-step − worst "
              f"{_d_str(two, min(smooth, key=lambda x: x.mean), decl=decl)}") if have else "—"
-    return _row(rules.claim("shapes", decl), value, grade(full, part, have, _testable(*smooth, two)))
+    return _row(rules.claim("shapes", decl), value, grade(full, part, have, _testable(*smooth, two)),
+                key="shapes", ms=[*smooth, two], decl=decl)
 
 
 def _markov_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
@@ -184,7 +204,8 @@ def _markov_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
     txt = "; ".join(f"p={p}: fade {v[0].mean:.3f}, unforced {v[1].mean:.3f}, forced_zero {v[2].mean:.3f}"
                     f" (n={v[0].n})" for p, v in mk.items()) if have else "—"
     full, part = rules.markov(list(mk.values()), decl) if have else (None, None)
-    return _row(rules.claim("markov", decl), txt, grade(full, part, have))
+    return _row(rules.claim("markov", decl), txt, grade(full, part, have), key="markov",
+                ms=[x for v in mk.values() for x in v], decl=decl)
 
 
 def _linreg_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
@@ -194,7 +215,7 @@ def _linreg_claim(m, b: P.Budget, decl: Declaration = DECLARATION) -> dict:
     have = all(v.n > 0 for v in lt.values())
     full, part = rules.linreg(lt[unf], lt[fz], lt[fade], un_norm, decl) if have else (None, None)
     return _row(rules.claim("linreg", decl), f"{lt[unf]} / {lt[fz]} / {lt[fade]}; {un_norm}" if have else "—",
-                grade(full, part, have))
+                grade(full, part, have), key="linreg", ms=[*lt.values(), un_norm], decl=decl)
 
 
 def _consolidation_claim(mech: pd.DataFrame | None, decl: Declaration = DECLARATION) -> dict:
@@ -202,12 +223,13 @@ def _consolidation_claim(mech: pd.DataFrame | None, decl: Declaration = DECLARAT
     if mech is not None and len(mech) and "both after gate 0 (sets)" in mech:
         counts = [tuple(int(x) for x in str(v).split("/")) for v in mech["both after gate 0 (sets)"]]
         before = [str(v) for v in mech["both before gate 0 (sets)"]]
+        n_seeds = P.Measure.of([1.0] * len(counts))
         return _row(c, ", ".join(f"seed {s}: {k}/{K} ({bf})" for s, (k, K), bf in zip(mech["seed"], counts, before)),
-                    grade(*rules.consolidation(counts, decl), True))
-    return {"claim": c.name, "statistic": "—", "ours (95% interval)": "—", "rule": "—", "verdict": str(Outcome.NOT_RUN)}
+                    grade(*rules.consolidation(counts, decl), True), key="consolidation", ms=[n_seeds], decl=decl)
+    return {**_row(c, "—", Outcome.NOT_RUN, key="consolidation", decl=decl), "statistic": "—", "rule": "—"}
 
 
-LARGE_VALUE, LARGE_VERDICT = "large L=4 d=128 (95% interval)", "verdict (large)"
+LARGE_VALUE, LARGE_VERDICT, LARGE_SEEDS = "large L=4 d=128 (95% interval)", "verdict (large)", "seeds run (large)"
 
 
 def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame | None,
@@ -238,9 +260,13 @@ def verdicts(results: pd.DataFrame, root, b: P.Budget, seeds, mech: pd.DataFrame
     if len(list(large_seeds)):
         ls = list(large_seeds)
         large = {r["claim"]: r for r in _path_claims(results, root, b, ls, model=P.LARGE,
-                                                     control_seeds=ls[:len(list(seeds))], decl=decl)}
-        df.insert(3, LARGE_VALUE, [large[c]["ours (95% interval)"] if c in large else "—" for c in df.claim])
-        df[LARGE_VERDICT] = [large[c]["verdict"] if c in large else str(Outcome.NOT_RUN) for c in df.claim]
+                                                     control_seeds=ls[:len(list(seeds))], decl=decl,
+                                                     declared=len(ls))}
+        df.insert(4, LARGE_VALUE, [large[c]["ours (95% interval)"] if c in large else "—" for c in df.claim])
+        df.insert(list(df.columns).index("verdict") + 1, LARGE_VERDICT,
+                  [large[c]["verdict"] if c in large else str(Outcome.NOT_RUN) for c in df.claim])
+        df.insert(list(df.columns).index("seeds run") + 1, LARGE_SEEDS,
+                  [large[c]["seeds run"] if c in large else "—" for c in df.claim])
     return df
 
 
@@ -333,7 +359,6 @@ def _tables(names, results, root, b, S_of, large_seeds, out, *, train: bool = Tr
     sections, tables = [], {}
     for n in names:
         e = EXPERIMENTS[n]
-        t1 = time.time()
         if n in LARGE_ROWS:
             df, md = e.table(results, root, b, S_of[n], large_seeds)
         elif n in CHECKPOINT_TABLES:
@@ -348,7 +373,7 @@ def _tables(names, results, root, b, S_of, large_seeds, out, *, train: bool = Tr
             continue
         tables[n] = df
         write_csv(out / f"table_{n}.csv", df)
-        sections.append(f"## {e.title}\n\n{md}\n\n_({P.eval_note(b)}; table built in {time.time() - t1:.0f} s)_\n")
+        sections.append(f"## {e.title}\n\n{md}\n\n_({P.eval_note(b)})_\n")
     return tables, sections
 
 
@@ -357,22 +382,24 @@ def _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_se
     failed = results[results.status == "failed"]
     quick_note = (f" — QUICK MODE ({b.steps} steps; not comparable to the paper: rows are labelled with the paths "
                   "actually trained, and no paper numbers are shown)") if quick else ""
-    head = [
-        "# circuitfade: reproduction of the main paper" + quick_note,
-        "",
-        f"Command: `python -m studies.paper reproduce {' '.join(names)} --seeds {seeds}"
+    prov = [
+        f"- Command: `python -m studies.paper reproduce {' '.join(names)} --seeds {seeds}"
         + (f" --large-seeds {large_seeds}" if large_seeds != 1 else "") + f" --out {out}"
         + (" --quick" if quick else "") + (" --tables-only" if not train else "")
         + (f" --runs {runs_dir}" if runs_dir is not None else "")
         + "".join(f" --seeds-for {k}={v}" for k, v in seeds_for.items())
         + f"` (seeds per experiment: {', '.join(f'{n} {len(S_of[n])}' for n in names)}; large model seeds {list(range(large_seeds))}).",
-        f"Runs: {len(results)} ({int((results.status == 'done').sum())} trained now, "
+        f"- Runs: {len(results)} ({int((results.status == 'done').sum())} trained now, "
         f"{int((results.status == 'cached').sum())} reused, "
         f"{int((results.status == 'recorded').sum())} from the recorded results_runs.csv (folders gone), "
         f"{int((results.status == 'missing').sum())} not trained, "
         f"{len(failed)} failed); sweep wall time {train_s / 60:.1f} min.",
-        "",
-        f"Declaration: {decl.stamp()} (`studies/paper/rules.py`: experiments, seeds, claims, rules, intervals).",
+        f"- Declaration: {decl.stamp()} (`studies/paper/rules.py`: experiments, seeds, claims, rules, intervals); "
+        f"{rules.PROVENANCE[decl.version]} (every version of it was written after results of its experiments "
+        "existed).",
+    ]
+    head = [
+        "# circuitfade: reproduction of the main paper" + quick_note,
         "",
         f"Evaluation: {P.eval_note(b)}. Columns: *zero-gate* = every prior's gate at 0; *normal* = gates as at the "
         "final step (0 for every fade/linear/switch path, so normal = zero-gate there); *param* = sigmoid(gate logit) "
@@ -390,7 +417,7 @@ def _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_se
     ]
     if len(failed):
         head += ["**Failed runs:**", ""] + [f"- `{r.run}`: {str(r.error).splitlines()[0]}" for r in failed.itertuples()] + [""]
-    return head
+    return head, prov
 
 
 def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results/paper", executor: str = "local",
@@ -432,9 +459,13 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results/paper", 
     mech = tables.get("mechanism")
     v = verdicts(results, root, b, list(range(seeds)), mech, large_seeds=range(large_seeds))
     tables["verdicts"] = v
-    head = _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_seeds, results, b, train_s)
-    text = ("\n".join(head) + "\n" + "\n".join(sections) + "\n## Claim-by-claim verdict\n\n"
-            + f"Rules of {DECLARATION.stamp()}.\n\n" + P.md_table(v) + "\n")
+    head, prov = _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_seeds, results, b, train_s)
+    write_csv(out / "verdicts.csv", v)
+    text = ("\n".join(head) + "\n## Claim-by-claim verdict\n\n"
+            + f"Rules of {DECLARATION.stamp()}. *seeds run*: the fewest seeds any of the claim's arms has, of the "
+            "seeds declared; a claim short of them is not run. *provenance*: when the rules were written relative "
+            "to the results.\n\n" + P.md_table(v.drop(columns=["statistic"])) + "\n\n"
+            + "\n".join(sections))
     if len(rules.DECLARATIONS) > 1:
         ev = earlier_verdicts(results, root, b, list(range(seeds)), mech, large_seeds=range(large_seeds))
         tables["verdicts_by_version"] = ev
@@ -442,6 +473,7 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results/paper", 
         text += ("\n## Verdicts under every declaration version\n\n"
                  + "; ".join(f"v{k}: {rules.VERSION_NOTES[k]}" for k in sorted(rules.DECLARATIONS)) + ".\n\n"
                  + P.md_table(ev) + "\n")
+    text += "\n## Provenance\n\n" + "\n".join(prov) + "\n"
     write_text(out / "results.md", text)
     _write_html(out, results, root)
     return {"results": results, "tables": tables, "markdown": text}
@@ -511,7 +543,7 @@ def main(argv=None) -> int:
     if ns.seeds < 1 or ns.large_seeds < 0 or (ns.workers is not None and ns.workers < 1):
         raise ValueError(f"--seeds must be >= 1, --large-seeds >= 0 and --workers >= 1; got --seeds {ns.seeds}, "
                          f"--large-seeds {ns.large_seeds}, --workers {ns.workers}")
-    check_outputs([out / "results.md", out / "report.html", out / "results_runs.csv",
+    check_outputs([out / "results.md", out / "report.html", out / "results_runs.csv", out / "verdicts.csv",
                    *(out / f"table_{n}.csv" for n in names)], force=ns.force)  # before any training
     res = reproduce(ns.experiments, seeds=ns.seeds, out=ns.out, executor=ns.executor, workers=ns.workers,
                     address=ns.address, quick=ns.quick, large_seeds=ns.large_seeds, seeds_for=seeds_for,

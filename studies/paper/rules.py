@@ -13,6 +13,13 @@ earlier versions beside the current ones.
   two arms have the same seeds (two or more), Welch otherwise; an arm with one seed carries
   only its evaluation's binomial error (512 examples: a large-sample error, ``df = inf``), so
   two one-seed arms compare by the normal interval. Thresholds unchanged.
+* v3 - seeds as declared: a claim whose arms ran on fewer seeds than its experiment declares
+  (3 per arm) is "not run (k of n seeds)", whatever its rule says on the seeds it has (a
+  one-seed Wilson interval covers evaluation noise, not seed-to-seed variation). Intervals and
+  thresholds as in v2.
+
+Every version was written after results of its experiments existed (:data:`PROVENANCE`): v1
+was declared after the results, v2 and v3 restate it after the results.
 
 Each rule is a pure function of :class:`~studies.paper.protocol.Measure` values returning
 ``(full, partial)`` three-valued decisions (:mod:`circuitfade.claims`); :data:`RULES` maps a
@@ -25,12 +32,13 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from circuitfade import stats
-from circuitfade.claims import Claim, Declaration, all_of, any_of, at_least, at_most
+from circuitfade.claims import Claim, Declaration, Provenance, all_of, any_of, at_least, at_most
 from circuitfade.tasks import EVAL_SEED
 from circuitfade.train import RunConfig
 from studies.paper.protocol import LARGE, Measure
 
-__all__ = ["DECLARATION", "DECLARATIONS", "RULES", "VERSION_NOTES", "arm_label", "claim", "diff", "declaration"]
+__all__ = ["DECLARATION", "DECLARATIONS", "RULES", "VERSION_NOTES", "PROVENANCE", "CLAIM_EXPERIMENT", "arm_label",
+           "claim", "diff", "declaration", "declared_seeds"]
 
 _CLAIMS = {
     "unforced_collapses": {
@@ -120,11 +128,24 @@ DECLARATIONS: dict[int, Declaration] = {
     1: Declaration("paper", 1, {**_COMMON, "difference": "normal"}),
     2: Declaration("paper", 2, {**_COMMON, "difference": "paired t (same seeds, n >= 2), else Welch t; "
                                                        "a one-seed arm: binomial error, df = inf"}),
+    3: Declaration("paper", 3, {**_COMMON, "difference": "paired t (same seeds, n >= 2), else Welch t; "
+                                                       "a one-seed arm: binomial error, df = inf",
+                                "seeds_as_declared": "a claim whose arms ran on fewer seeds than its experiment "
+                                                     "declares is not run (k of n seeds)"}),
 }
 VERSION_NOTES = {1: "a difference of two measurements has the normal interval z·sqrt(se_a² + se_b²)",
-                 2: "paired t over seeds where both arms share their seeds, Welch t otherwise"}
+                 2: "paired t over seeds where both arms share their seeds, Welch t otherwise",
+                 3: "as v2, and a claim whose arms ran on fewer seeds than declared is not run"}
 """What each version changed, for the table of verdicts by version."""
-DECLARATION = DECLARATIONS[2]
+PROVENANCE = {1: Provenance.DECLARED_AFTER, 2: Provenance.RESTATED, 3: Provenance.RESTATED}
+"""When each version was written relative to the results it grades (from the repository's history:
+the first paper results were committed before the first declaration)."""
+CLAIM_EXPERIMENT = {"unforced_collapses": "paths", "forced_zero_fails": "paths", "fade_keeps": "paths",
+                    "switch_falls_short": "controls", "posthoc_falls_short": "controls",
+                    "fade_window": "fade_window", "shapes": "shapes", "markov": "markov", "linreg": "linreg",
+                    "consolidation": "mechanism"}
+"""The experiment whose declared seeds a claim's arms must have."""
+DECLARATION = DECLARATIONS[3]
 """The declaration the paper's tables are judged by now."""
 
 
@@ -135,6 +156,13 @@ def declaration(version: int | None = None) -> Declaration:
     if version not in DECLARATIONS:
         raise ValueError(f"paper declaration version {version!r} does not exist (have {sorted(DECLARATIONS)})")
     return DECLARATIONS[version]
+
+
+def declared_seeds(key: str, base_seeds: int = 3) -> int:
+    """The seeds claim ``key``'s arms are declared to have: its experiment's count, or
+    ``base_seeds`` (the ``--seeds`` default, 3) where the experiment names the base seeds."""
+    seeds = DECLARATION.data["experiments"][CLAIM_EXPERIMENT[key]]["seeds"]
+    return seeds if isinstance(seeds, int) else base_seeds
 
 
 def claim(key: str, decl: Declaration = DECLARATION, **names: str) -> Claim:

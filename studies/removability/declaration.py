@@ -7,9 +7,9 @@ exist means a new version in :data:`DECLARATIONS` (the old one stays, unchanged)
 
 from __future__ import annotations
 
-from circuitfade.claims import Declaration
+from circuitfade.claims import Declaration, Provenance
 
-__all__ = ["DECLARATION", "DECLARATIONS"]
+__all__ = ["DECLARATION", "DECLARATIONS", "PROVENANCE"]
 
 _V1 = {
     "models": {  # label -> RunConfig.model overrides (4 heads throughout)
@@ -51,6 +51,25 @@ _V1 = {
                              "fade600->0 runs, 95% percentile bootstrap (2000 resamples), smallest budget"},
 }
 
-DECLARATIONS: dict[int, Declaration] = {1: Declaration("removability-map", 1, _V1)}
-DECLARATION = DECLARATIONS[1]
+_V2 = {
+    **_V1,
+    "rules": {
+        **_V1["rules"],
+        "classify": "from the margin's 95% paired t interval over the seeds, per cell: fewer than 2 paired seeds: "
+                    "too few seeds; every seed of both paths on the plateau: not testable; lower end ≥ 0.2: path "
+                    "decides removability; upper end < 0.2: margin below 0.2; otherwise undecided",
+        "family": "the grid claim 'the path decides removability in some cell' is judged over every testable cell "
+                  "at once with Bonferroni intervals (level 1 − 0.05 / testable cells): reproduced if some cell's "
+                  "lower end is ≥ 0.2, not reproduced if every cell's upper end is < 0.2, else inconclusive; "
+                  "the per-cell classes at 95% are claims about one cell each",
+        "faster": "descriptive only: the seeds in which the fade reaches the threshold strictly first",
+    },
+}
+
+DECLARATIONS: dict[int, Declaration] = {1: Declaration("removability-map", 1, _V1),
+                                        2: Declaration("removability-map", 2, _V2)}
+PROVENANCE = {1: Provenance.DECLARED_AFTER, 2: Provenance.DECLARED_AFTER}
+"""v1 was written after the first map results were committed, and its 10,800-step budget after the
+3,600-step results; v2 (interval classes, the plateau guard, the family of cells) after all of them."""
+DECLARATION = DECLARATIONS[2]
 """The declaration the map is built and judged by now."""

@@ -16,8 +16,8 @@ copies every finished run's ``config.json``, ``metrics.csv`` and ``done.json``
 (never its checkpoints) into ``OUT/runs/<run>/`` and builds the tables and the
 figure from those copies, so ``python -m studies.removability --tables-only`` rebuilds everything
 on a machine without the runs. Definitions and rules (declared, with the grid and how it
-was extended, in :mod:`studies.removability.declaration`; fixed before any result was looked
-at, except the 10,800-step budget, added after the 3,600-step results):
+was extended, in :mod:`studies.removability.declaration`; both versions were written after map
+results existed, and the 10,800-step budget was chosen after the 3,600-step results):
 
 * zero-gate accuracy: the run's final ``acc_zero`` (``eval_size`` = 512 sequences;
   its binomial standard error ``sqrt(p (1 - p) / n)`` with ``n`` = the eval set's
@@ -28,7 +28,12 @@ at, except the 10,800-step budget, added after the 3,600-step results):
 * on the plateau: final zero-gate accuracy below :data:`PLATEAU_ACC` = 0.3;
 * time to threshold: the first evaluated step with ``acc_zero >= 0.5``
   (:data:`THRESHOLD`; evaluation every 100 steps; NaN = never within the budget);
-* classification (:func:`classify`), over the seeds having both runs:
+* classification, version 2 (:func:`classify_interval`, the current one): from the margin's
+  95% paired t interval; ``not testable`` where every seed of both paths ends on the plateau;
+  ``path decides removability`` if the lower end is >= 0.2, ``margin below 0.2`` if the upper
+  end is < 0.2, ``undecided`` otherwise. The grid's claim (some cell where the path decides)
+  is judged over the testable cells at once with Bonferroni intervals (:func:`grid_verdict`);
+* classification, version 1 (:func:`classify`), over the seeds having both runs:
   ``path decides removability`` if every seed's margin is >= 0.2;
   ``forced_zero better`` if every seed's margin is <= -0.2;
   ``mixed`` if some but not all seeds' margins are >= 0.2;
@@ -67,7 +72,8 @@ from circuitfade.train.sweep import EXECUTORS, run_sweep
 from circuitfade.viz.report import markdown_table
 from circuitfade.stats import paired_t_interval
 from circuitfade.stats import t_interval as _t
-from studies.removability.declaration import DECLARATION
+from circuitfade.claims import Claim, Outcome, Verdict, any_of, at_least, grade, verdict_table
+from studies.removability.declaration import DECLARATION, DECLARATIONS, PROVENANCE
 from studies.removability.figures import export_png, map_figure
 
 _D = DECLARATION.data
@@ -85,8 +91,15 @@ THRESHOLD = _D["rules"]["threshold"]
 DECIDES_MARGIN = _D["rules"]["decides_margin"]
 SIGNAL_STEP = _D["continuation"]["signal_step"]
 SIGNAL_PRIMARY = _D["continuation"]["primary"]  # ||P_C g|| / ||g||: scale-free across model sizes
-CLASSES = ("path decides removability", "mixed", "prior only speeds learning", "no difference",
-           "forced_zero better", "too few seeds")
+CLASSES_V1 = ("path decides removability", "mixed", "prior only speeds learning", "no difference",
+              "forced_zero better", "too few seeds")
+CLASSES = ("path decides removability", "undecided", "margin below 0.2", "not testable", "too few seeds")
+"""The classes of version 2 (:func:`classify_interval`), with the outcome each means for the cell's
+claim ("the path decides removability here"): :data:`CLASS_OUTCOME`."""
+CLASS_OUTCOME = {"path decides removability": Outcome.REPRODUCED, "undecided": Outcome.INCONCLUSIVE,
+                 "margin below 0.2": Outcome.NOT_REPRODUCED, "not testable": Outcome.NOT_TESTABLE,
+                 "too few seeds": Outcome.NOT_RUN}
+FAMILY_ALPHA = 0.05
 RUN_FILES = ("config.json", "metrics.csv", "done.json")
 
 
@@ -178,6 +191,45 @@ def classify(margins: Sequence[float], fade_earlier: Sequence[bool], *, margin: 
     if sum(bool(e) for e in fade_earlier) > len(m) / 2:
         return "prior only speeds learning"
     return "no difference"
+
+
+def classify_interval(lo: float, hi: float, n_paired: int, plateau_all: bool, *,
+                      margin: float = DECIDES_MARGIN) -> str:
+    """Version 2's class of a cell from its margin interval ``[lo, hi]`` (95% paired t over
+    ``n_paired`` seeds): ``too few seeds`` (n < 2), ``not testable`` (``plateau_all``: every seed of
+    both paths ended on the plateau, so the cell cannot show removability either way), ``path
+    decides removability`` (lo ≥ margin), ``margin below 0.2`` (hi < margin), else ``undecided``."""
+    if n_paired < 2:
+        return "too few seeds"
+    if plateau_all:
+        return "not testable"
+    if any(math.isnan(float(x)) for x in (lo, hi)):
+        raise ValueError(f"classify_interval: the interval of {n_paired} paired seeds must be finite, got [{lo}, {hi}]")
+    decides = at_least(lo, hi, margin)
+    return {True: "path decides removability", False: "margin below 0.2", None: "undecided"}[decides]
+
+
+def grid_verdict(cells: pd.DataFrame, *, alpha: float = FAMILY_ALPHA, margin: float = DECIDES_MARGIN) -> Verdict:
+    """The grid's claim "the path decides removability in some cell", over the testable cells at
+    once: each cell's margin with a Bonferroni interval (level ``1 − alpha / m``, ``m`` testable
+    cells; columns ``bonf_lo``/``bonf_hi``); reproduced if some lower end is ≥ ``margin``, not
+    reproduced if every upper end is < ``margin``, inconclusive otherwise; not testable when no
+    cell is testable."""
+    claim = Claim("the path decides removability in some cell of the grid", rule=(
+        f"some cell's margin ≥ {margin} (Bonferroni over the testable cells; fails if every cell's "
+        f"Bonferroni interval lies below {margin})"), study="the main paper's contrast, per model and format",
+        statistic="fade600->0 − forced_zero zero-gate accuracy per cell", fails_if=f"every testable cell below {margin}")
+    test = cells[~cells["class"].isin(["not testable", "too few seeds"])] if len(cells) else cells
+    if not len(test):
+        return Verdict(claim, "—", Outcome.NOT_TESTABLE, provenance=PROVENANCE[DECLARATION.version])
+    lows = [at_least(lo, hi, margin) for lo, hi in zip(test.bonf_lo, test.bonf_hi)]
+    decided = any_of(*lows)
+    outcome = grade(decided, decided)
+    ours = (f"{len(test)} testable cells, Bonferroni level {1 - alpha / len(test):.4f}: "
+            f"{sum(x is True for x in lows)} with lower end ≥ {margin}, {sum(x is False for x in lows)} with upper "
+            f"end < {margin}, {sum(x is None for x in lows)} undecided")
+    return Verdict(claim, ours, outcome, provenance=PROVENANCE[DECLARATION.version],
+                   seeds_run=int(test.n_paired.min()), seeds_declared=len(_D["seeds"]))
 
 
 def _earlier(t_fade: float, t_base: float) -> bool:
@@ -341,7 +393,7 @@ def _fmt_list(values, spec="{:.3f}") -> str:
 def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per cell: per-path zero-gate accuracy (mean, sd, n, per-seed), the margin
     with its t-interval, plateau fractions, times to threshold and the class."""
-    rows = []
+    rows, pairs = [], []
     for (model, task, steps), g in runs.groupby(["model", "task", "steps"], sort=False):
         row = {"model": model, "task": task, "steps": int(steps)}
         by = {p: g[g.path == p].sort_values("seed") for p in PATHS}
@@ -359,17 +411,29 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
         earlier = [_earlier(a, b) for a, b in zip(paired.t50_fade, paired.t50_fz)]
         diff = paired_t_interval(paired.acc_zero_fade, paired.acc_zero_fz)  # the one margin interval
         mean, lo, hi, se = diff.estimate, diff.lo, diff.hi, diff.se
+        pairs.append((paired.acc_zero_fade.to_numpy(), paired.acc_zero_fz.to_numpy()))
+        plateau_all = bool(len(paired)) and bool(paired.plateau_fade.all() and paired.plateau_fz.all())
         row.update({
             "n_paired": len(margins), "paired_seeds": " ".join(str(s) for s in paired.seed),
             "margin_mean": mean, "margin_lo": lo, "margin_hi": hi, "margin_se": se,
             "margin_min": min(margins) if margins else math.nan, "margin_seeds": _fmt_list(margins, "{:+.3f}"),
             "n_seeds_margin_ge_0.2": sum(m >= DECIDES_MARGIN for m in margins),
             "n_fade_earlier": sum(earlier),
-            "class": classify(margins, earlier),
+            "plateau_all": plateau_all,
+            "class": classify_interval(lo, hi, len(margins), plateau_all),
+            "class_v1": classify(margins, earlier),
             "needs_5_seeds": bool(len(margins) < 5 and not math.isnan(se) and abs(mean - DECIDES_MARGIN) < 2 * se),
         })
+        row["outcome"] = str(CLASS_OUTCOME[row["class"]])
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if len(df):  # Bonferroni over the testable cells (the family the grid's claim is judged on)
+        testable = ~df["class"].isin(["not testable", "too few seeds"])
+        level = 1 - FAMILY_ALPHA / max(int(testable.sum()), 1)
+        bonf = [paired_t_interval(a, b, level) if t else None for (a, b), t in zip(pairs, testable)]
+        df["bonf_lo"] = [math.nan if d is None else d.lo for d in bonf]
+        df["bonf_hi"] = [math.nan if d is None else d.hi for d in bonf]
+    return df
 
 
 def wall_time(runs: pd.DataFrame) -> dict:
@@ -458,7 +522,8 @@ def separation(sig: pd.DataFrame, cells: pd.DataFrame, *, stat: str = SIGNAL_PRI
     if not len(fade) or not len(cells) or stat not in fade:
         return {"auc": math.nan, "n_pos": 0, "n_neg": 0, "per_class": pd.DataFrame()}
     per = fade.groupby(["model", "task", "steps"])[stat].mean().rename("signal").reset_index()
-    per = per.merge(cells[["model", "task", "steps", "class"]], on=["model", "task", "steps"])
+    col = "class_v1" if "class_v1" in cells else "class"  # the continuation test was set up on version 1's classes
+    per = per.merge(cells[["model", "task", "steps", col]].rename(columns={col: "class"}), on=["model", "task", "steps"])
     pos = per[per["class"].isin(positive)].signal.to_numpy()
     neg = per[~per["class"].isin(positive)].signal.to_numpy()
     auc = float(np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])) if len(pos) and len(neg) else math.nan
@@ -476,8 +541,17 @@ def _r(x, spec="{:.3f}"):
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else spec.format(x)
 
 
+_RULES_TEXT_V2 = (
+    "Rules of version 2 (declared after the results): margin = fade600->0 − forced_zero final zero-gate accuracy, "
+    "paired by seed, 95% paired Student t interval over the seeds; a cell is *not testable* when every seed of both "
+    f"paths ends on the plateau (zero-gate acc < {PLATEAU_ACC}); *path decides removability* when the interval's "
+    f"lower end is ≥ {DECIDES_MARGIN}, *margin below 0.2* when its upper end is < {DECIDES_MARGIN}, *undecided* "
+    "otherwise. Each class is a claim about one cell at 95%; the grid's claim is judged over all testable cells at "
+    "once with Bonferroni intervals (level 1 − 0.05 / testable cells). *fade first*: seeds in which the fade "
+    f"reaches {THRESHOLD} zero-gate accuracy strictly before forced_zero (descriptive).")
+
 _RULES_TEXT = (
-    "Rules (declared in `studies/removability/declaration.py`; the 10,800-step budget was added after the "
+    "Rules of version 1 (the *class v1* column; the 10,800-step budget was added after the "
     "3,600-step results, see the declaration's extensions): margin = "
     "fade600->0 − forced_zero final zero-gate accuracy, paired by seed; interval: 95% paired Student t over "
     f"the seeds; plateau: final zero-gate acc < {PLATEAU_ACC}; t50: first evaluated step (every 100) "
@@ -493,48 +567,40 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
                      command: str = "") -> str:
     w = wall_time(runs) if len(runs) else {"runs": 0, "core_seconds": math.nan, "span_seconds": math.nan, "sources": ""}
     lines = ["<!-- written by python -m studies.removability; rebuilt by `python -m studies.removability --tables-only` -->",
-             "# The removability map", ""]
-    status = (f"{len(runs)} finished runs" + (f" (the default grid, 3 seeds x 2 tasks x 4 models, has {expected})" if expected else "")
-              + f"; {len(cells)} cells. Seeds per cell and path are in the table (n columns).")
-    lines += [f"**Status:** {status}", "",
-              f"Command: `{command}`" if command else "", "",
-              f"Declaration: {DECLARATION.stamp()} (`studies/removability/declaration.py`: grid, seeds, extensions, "
-              "rules).", "", _RULES_TEXT, ""]
+             ""]
     if len(cells):
+        v = grid_verdict(cells)
+        counts = cells["class"].value_counts()
+        lines += ["## Verdict", "",
+                  f"{len(cells)} cells: " + ", ".join(f"{counts[c]} {c}" for c in CLASSES if c in counts)
+                  + f" (per cell, 95%). The grid's claim, over the testable cells at once: **{v.word}**.", "",
+                  _md(verdict_table([v], columns={"ours": "ours"}).drop(columns=["study"])), "", _RULES_TEXT_V2, ""]
         show = cells.assign(
+            forced_zero=[f"{_r(m, '{:.2f}')} (n={n})" for m, n in zip(cells.fz_mean, cells.fz_n)],
+            fade=[f"{_r(m, '{:.2f}')} (n={n})" for m, n in zip(cells.fade_mean, cells.fade_n)],
             margin=[f"{_r(m, '{:+.3f}')} [{_r(a, '{:+.3f}')}, {_r(b, '{:+.3f}')}]"
                     for m, a, b in zip(cells.margin_mean, cells.margin_lo, cells.margin_hi)],
-            forced_zero=[f"{_r(m)} ± {_r(s)} (n={n})" for m, s, n in zip(cells.fz_mean, cells.fz_sd, cells.fz_n)],
-            fade=[f"{_r(m)} ± {_r(s)} (n={n})" for m, s, n in zip(cells.fade_mean, cells.fade_sd, cells.fade_n)],
-            unforced=[f"{_r(m)} (n={n})" for m, n in zip(cells.unforced_mean, cells.unforced_n)],
-            plateau_fz_fade=[f"{_r(a, '{:.2f}')} / {_r(b, '{:.2f}')}" for a, b in
-                             zip(cells.fz_plateau_frac, cells.fade_plateau_frac)],
-            t50_fz=cells.fz_t50_seeds, t50_fade=cells.fade_t50_seeds,
-        )
+            bonferroni=[f"[{_r(a, '{:+.2f}')}, {_r(b, '{:+.2f}')}]" for a, b in zip(cells.bonf_lo, cells.bonf_hi)],
+            plateau=[f"{_r(a, '{:.2f}')} / {_r(b, '{:.2f}')}" for a, b in zip(cells.fz_plateau_frac,
+                                                                             cells.fade_plateau_frac)],
+            fade_first=[f"{a} of {n}" for a, n in zip(cells.n_fade_earlier, cells.n_paired)],
+        ).rename(columns={"class_v1": "class v1", "fade_first": "fade first", "plateau": "plateau fz / fade",
+                          "bonferroni": "Bonferroni interval"})
         lines += ["## Cells (zero-gate accuracy at the end of the budget)", "",
-                  _md(show[["model", "task", "steps", "forced_zero", "fade", "unforced", "margin", "margin_seeds",
-                            "plateau_fz_fade", "t50_fz", "t50_fade", "class", "needs_5_seeds"]]), "",
-                  "margin: mean [95% t-interval] over paired seeds; margin_seeds per seed (seed order as in "
-                  "paired_seeds of map_cells.csv); plateau: fraction of seeds with zero-gate acc < 0.3 "
-                  "(forced_zero / fade); t50 per seed.", ""]
+                  _md(show[["model", "task", "steps", "forced_zero", "fade", "margin", "Bonferroni interval",
+                            "plateau fz / fade", "fade first", "class", "class v1"]]), "",
+                  "forced_zero, fade: mean zero-gate accuracy over seeds; margin: mean [95% paired t]; plateau: "
+                  f"fraction of seeds with zero-gate acc < {PLATEAU_ACC}; per-seed values, standard deviations and "
+                  "times to threshold are in map_cells.csv.", ""]
         for cls in CLASSES:
             sub = cells[cells["class"] == cls]
             if len(sub):
                 lines.append(f"- **{cls}**: " + "; ".join(
-                    f"{r.model} × {r.task} (margin {r.margin_mean:+.3f}, n={r.n_paired})" for r in sub.itertuples()))
+                    f"{r.model} × {r.task}, {r.steps} steps" for r in sub.itertuples()))
         lines.append("")
     if len(runs):
         lines += ["## Runs", "", _md(runs[["run", "model", "task", "path", "seed", "acc_zero", "se_zero",
                                            "acc_normal", "t50", "plateau", "seconds"]]), ""]
-        per_model = runs.groupby("model", sort=False).seconds.mean() / 60
-        shared = "ensemble" in w["sources"]
-        lines += [f"Wall time: {w['runs']} runs, {w['core_seconds'] / 60:.1f} run-minutes in total (the sum of each "
-                  f"run's own wall time{', an ensemble member counting its share of its ensemble' if shared else ''}; "
-                  f"sources: {w['sources']}); first start to last end "
-                  f"{w['span_seconds'] / 60:.1f} min with the sweep's workers. Mean minutes per run: "
-                  + ", ".join(f"{m} {v:.1f}" for m, v in per_model.items())
-                  + (". Each run, or each ensemble of runs trained together, had one process with one torch thread."
-                     if shared else ". Each run had one process with one torch thread."), ""]
     if problems:
         lines += ["## Runs not tabulated (unfinished or invalid)", ""] + [f"- {p}" for p in problems] + [""]
     if sig is not None and len(sig):
@@ -554,18 +620,55 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
         lines += ["Per cell and path (means over seeds):", "", _md(agg), ""]
         sep = separation(sig, cells)
         if len(sep["per_class"]):
-            lines += [f"Separation of the cells where the path matters ('path decides removability' or 'mixed', "
+            lines += [f"Separation of the cells where the path matters (version 1 classes 'path decides removability' or 'mixed', "
                       f"{sep['n_pos']} cells) from the others ({sep['n_neg']} cells) by the cell-mean fade signal "
                       f"(`{SIGNAL_PRIMARY}` at step {SIGNAL_STEP}): AUC {_r(sep['auc'], '{:.2f}')} "
                       "(1 = every such cell above every other; NaN = a group is empty).", "",
                       _md(sep["per_class"]), ""]
     if missing_ckpt:
         lines += [f"Runs without checkpoints for the continuation signal: {len(missing_ckpt)}.", ""]
+    status = (f"{len(runs)} finished runs" + (f" (the default grid, 3 seeds x 2 tasks x 4 models, has {expected})"
+                                              if expected else "") + f"; {len(cells)} cells")
+    lines += ["## Provenance", "",
+              f"- Declaration: {DECLARATION.stamp()} (`studies/removability/declaration.py`: grid, seeds, extensions, "
+              f"rules), {PROVENANCE[DECLARATION.version]}; version 1 "
+              f"({DECLARATIONS[1].stamp()}) was also {PROVENANCE[1]}.",
+              f"- Command: `{command}`" if command else "- Command: —",
+              f"- Status: {status}."]
+    if len(runs):
+        per_model = runs.groupby("model", sort=False).seconds.mean() / 60
+        shared = "ensemble" in w["sources"]
+        lines += [f"- Wall time: {w['core_seconds'] / 60:.1f} run-minutes in total (the sum of each "
+                  f"run's own wall time{', an ensemble member counting its share of its ensemble' if shared else ''}; "
+                  f"sources: {w['sources']}); first start to last end {w['span_seconds'] / 60:.1f} min; mean "
+                  "minutes per run: " + ", ".join(f"{m} {v:.1f}" for m, v in per_model.items()) + "."]
+    lines += ["", _RULES_TEXT, ""]
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- command
-OUTPUTS = ("map.csv", "map_cells.csv", "results.md")  # always written; figures and continuation files as asked
+OUTPUTS = ("map.csv", "map_cells.csv", "verdicts.csv", "results.md")  # always written; figures and continuation files as asked
+
+
+def verdict_rows(cells: pd.DataFrame) -> pd.DataFrame:
+    """``verdicts.csv``: the grid's claim (id ``grid``) and one claim per cell (id
+    ``model|task|steps``), each with its outcome word, seeds run of declared and provenance."""
+    cols = ["id", "claim", "ours", "rule", "verdict", "seeds run", "provenance"]
+    if not len(cells):
+        return pd.DataFrame(columns=cols)
+    g = grid_verdict(cells)
+    rows = [{"id": "grid", "claim": g.claim.name, "ours": g.ours, "rule": g.claim.rule, "verdict": g.word,
+             "seeds run": "—" if g.seeds_run is None else f"{g.seeds_run} of {g.seeds_declared}",
+             "provenance": str(g.provenance)}]
+    for r in cells.to_dict("records"):
+        rows.append({"id": f"{r['model']}|{r['task']}|{r['steps']}",
+                     "claim": f"the path decides removability in {r['model']} × {r['task']} at {r['steps']} steps",
+                     "ours": f"{_r(r['margin_mean'], '{:+.3f}')} [{_r(r['margin_lo'], '{:+.3f}')}, "
+                             f"{_r(r['margin_hi'], '{:+.3f}')}] ({r['class']})",
+                     "rule": f"95% paired t interval of the margin ≥ {DECIDES_MARGIN}; not testable on the plateau",
+                     "verdict": r["outcome"], "seeds run": f"{r['n_paired']} of {max(r['n_paired'], len(_D['seeds']))}",
+                     "provenance": str(PROVENANCE[DECLARATION.version])})
+    return pd.DataFrame(rows, columns=cols)
 
 
 def _write_csv(df: pd.DataFrame, path: Path) -> None:
@@ -660,6 +763,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = cell_table(runs) if len(runs) else pd.DataFrame()
     _write_csv(runs, out / "map.csv")
     _write_csv(cells, out / "map_cells.csv")
+    _write_csv(verdict_rows(cells), out / "verdicts.csv")
     sig, tests, missing = _continuation(ns, runs, cells, roots, out)
     command = "python -m studies.removability " + " ".join(argv if argv is not None else sys.argv[1:])
     md = results_markdown(runs, cells, problems, sig=sig, tests=tests, missing_ckpt=missing,
