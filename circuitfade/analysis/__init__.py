@@ -12,10 +12,21 @@ tensors or tidy DataFrames (main paper Sections 6 and 9).
 * :mod:`~circuitfade.analysis.spectra` - participation ratio of head outputs and weights;
 * :mod:`~circuitfade.analysis.patching` - residual-stream activation patching and
   mean replacement between two models;
+* :mod:`~circuitfade.analysis.edges` - edge attribution (EAP, EAP-IG) with intervals, exact
+  edge patching, faithfulness and the circuit timeline across checkpoints;
 * :mod:`~circuitfade.analysis.fdt` - the fluctuation-dissipation statistic of SGD at
   stationarity (:func:`fdt_statistic`).
 """
 
+from circuitfade.analysis.edges import (
+    circuit_timeline,
+    edge_attribution,
+    edge_effects,
+    edge_graph,
+    edge_scores,
+    faithfulness_curve,
+    patch_edges,
+)
 from circuitfade.analysis.fdt import (FDTRecorder, displacement_statistic, equipartition, fdt_observation, fdt_statistic,
                                       grouped_observation)
 from circuitfade.analysis.gates import (
@@ -51,6 +62,13 @@ from circuitfade.analysis.spectra import elevated_pr, head_output_pr, participat
 from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, consolidation_timeline, timeline_long, top_heads
 
 __all__ = [
+    "circuit_timeline",
+    "edge_attribution",
+    "edge_effects",
+    "edge_graph",
+    "edge_scores",
+    "faithfulness_curve",
+    "patch_edges",
     "FDTRecorder",
     "displacement_statistic",
     "equipartition",
