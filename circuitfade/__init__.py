@@ -26,6 +26,26 @@ imports them.
 __version__ = "0.1.0"
 
 
+def _quiet_tqdm_in_a_kernel() -> None:
+    """Inside a Jupyter kernel, import ``tqdm.auto`` now with tqdm's "IProgress not found"
+    warning silenced. TransformerLens's dependencies (transformers, huggingface_hub) import
+    ``tqdm.auto`` when they are first imported; without ``ipywidgets`` tqdm warns at that
+    import and falls back to its text bar. Importing it here first gives the same text bar
+    without the warning (``pip install 'circuitfade[notebook]'`` gives widget bars)."""
+    import sys
+
+    if "ipykernel" not in sys.modules or "tqdm.autonotebook" in sys.modules:
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import tqdm.auto  # noqa: F401
+
+
+_quiet_tqdm_in_a_kernel()
+
+
 def __getattr__(name):  # lazy: ``import circuitfade`` stays cheap
     if name == "plots":
         from circuitfade.viz import plots

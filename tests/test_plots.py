@@ -477,3 +477,90 @@ def test_save_with_timeout_exports_in_a_child_and_reports_a_hang(tmp_path, monke
     with pytest.raises(plots.ExportError, match="no browser here"):
         plots.save(fig, tmp_path / "broken.png", timeout=60)
     assert not (tmp_path / "hang.png").exists()
+
+
+# --------------------------------------------------------------------------------------
+# notebooks: figures that survive export, no IProgress warning
+# --------------------------------------------------------------------------------------
+def test_renderer_in_a_kernel_embeds_figures_unless_one_was_chosen(monkeypatch):
+    import plotly.io as pio
+
+    monkeypatch.delenv("PLOTLY_RENDERER", raising=False)
+    monkeypatch.setattr(pio.renderers, "default", "plotly_mimetype")  # plotly's own pick in a Jupyter kernel
+    assert plots.use_exportable_renderer() == plots.EXPORTABLE_RENDERER == "plotly_mimetype+notebook"
+    assert pio.renderers.default == "plotly_mimetype+notebook"
+    # the HTML copy carries the figure itself: what nbconvert --to html keeps
+    bundle = go.Figure(go.Bar(y=[4, 2]))._repr_mimebundle_()
+    assert "application/vnd.plotly.v1+json" in bundle and "Plotly.newPlot" in bundle["text/html"]
+    for chosen in ("svg", "browser", "vscode", "notebook_connected"):  # the user's (or the host's) choice is kept
+        monkeypatch.setattr(pio.renderers, "default", chosen)
+        assert plots.use_exportable_renderer() is None and pio.renderers.default == chosen
+    monkeypatch.setattr(pio.renderers, "default", "plotly_mimetype")
+    monkeypatch.setenv("PLOTLY_RENDERER", "plotly_mimetype")  # chosen through the environment
+    assert plots.use_exportable_renderer() is None and pio.renderers.default == "plotly_mimetype"
+
+
+# a Jupyter kernel as tqdm and plotly detect one, without ipywidgets
+_FAKE_KERNEL = """
+import sys, types, warnings
+class ZMQInteractiveShell:
+    __module__ = "ipykernel.zmqshell"
+    config = {"IPKernelApp": {}}
+for name in ("ipykernel", "ipykernel.zmqshell"):
+    sys.modules[name] = types.ModuleType(name)
+ipython = types.ModuleType("IPython")
+ipython.get_ipython = ZMQInteractiveShell
+sys.modules["IPython"] = ipython
+sys.modules["ipywidgets"] = None  # not installed
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    import circuitfade.viz.plots
+    import huggingface_hub  # what TransformerLens's dependencies import: tqdm.auto
+    import tqdm.auto
+import plotly.io as pio
+print(pio.renderers.default)
+print([str(w.message)[:40] for w in seen if "IProgress" in str(w.message)])
+"""
+
+
+def test_importing_circuitfade_in_a_kernel_without_ipywidgets_is_quiet_and_figures_embed():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PLOTLY_RENDERER"}
+    out = subprocess.run([sys.executable, "-c", _FAKE_KERNEL], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    renderer, warned = out.stdout.strip().splitlines()[-2:]
+    assert renderer == "plotly_mimetype+notebook"
+    assert warned == "[]", warned
+    assert "IProgress" not in out.stderr
+
+
+@pytest.mark.slow
+def test_a_notebook_keeps_its_figures_and_shows_no_iprogress_warning(tmp_path, monkeypatch):
+    """A real kernel: the first cell imports circuitfade (TransformerLens and its dependencies
+    with it), the next displays a figure; the saved outputs hold the figure as HTML with
+    plotly.js, and no output mentions IProgress."""
+    import json
+    import sys
+
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    spec = tmp_path / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "circuitfade tests", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    monkeypatch.delenv("PLOTLY_RENDERER", raising=False)
+    cells = ["import circuitfade.train\nfrom circuitfade.viz import plots",
+             "import plotly.graph_objects as go\ngo.Figure(go.Bar(y=[1, 2]))"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells for o in c.outputs]
+    assert not any("IProgress" in json.dumps(o) for o in outputs)
+    html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert any("Plotly.newPlot" in h for h in html)  # the figure, as nbconvert --to html keeps it
+    assert any("plotly.js v" in h for h in html)  # plotly.js itself, once: renders offline

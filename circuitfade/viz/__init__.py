@@ -7,3 +7,10 @@
 * :mod:`circuitfade.viz.html`: the one HTML page builder every report uses;
 * :mod:`circuitfade.viz.report`: ``circuitfade analyze``'s report.
 """
+
+import sys as _sys
+
+if "ipykernel" in _sys.modules:  # inside a Jupyter kernel: figures that survive nbconvert export
+    from circuitfade.viz.plots import use_exportable_renderer
+
+    use_exportable_renderer()

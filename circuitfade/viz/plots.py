@@ -75,6 +75,32 @@ _CONDITION_LABELS = {
 }
 
 
+# ------------------------------------------------------------------------------ notebooks
+EXPORTABLE_RENDERER = "plotly_mimetype+notebook"
+"""The renderer :func:`use_exportable_renderer` sets in a Jupyter kernel: plotly's own MIME
+bundle (JupyterLab, VS Code) plus an HTML copy of each figure with plotly.js embedded once per
+notebook, so a figure survives ``jupyter nbconvert --to html`` and renders offline."""
+
+
+def use_exportable_renderer() -> str | None:
+    """Make figures in a Jupyter kernel survive export, unless a renderer was chosen.
+
+    In a Jupyter kernel plotly picks ``"plotly_mimetype"``, a MIME bundle that only a live
+    Jupyter front end draws: ``jupyter nbconvert --to html`` (and GitHub's notebook view) show
+    no figure. When ``plotly.io.renderers.default`` is exactly that pick and the
+    ``PLOTLY_RENDERER`` environment variable is unset, this sets :data:`EXPORTABLE_RENDERER`
+    and returns it; any other renderer (one the user set, or plotly's pick for Colab, VS Code,
+    Kaggle, a terminal) is kept and ``None`` returned. Called when :mod:`circuitfade.viz` is
+    imported inside a Jupyter kernel; a renderer set afterwards wins.
+    """
+    import plotly.io as pio
+
+    if os.environ.get("PLOTLY_RENDERER") or pio.renderers.default != "plotly_mimetype":
+        return None
+    pio.renderers.default = EXPORTABLE_RENDERER
+    return EXPORTABLE_RENDERER
+
+
 # ------------------------------------------------------------------------------ saving
 class ExportError(RuntimeError):
     """No image exporter can write the requested format (the message says how to get one)."""
