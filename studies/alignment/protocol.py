@@ -39,11 +39,12 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from circuitfade.claims import Declaration, Outcome, Verdict, verdict_table
+from circuitfade.claims import Declaration, Outcome, Provenance, Verdict, verdict_table
 
 __all__ = ["DECLARATIONS", "declared", "stamp", "APPARATUS_OF", "CURE_SEEDS_V2", "IGNITION_SEEDS_V2",
            "POWER_TARGETS", "rules_of", "CURE_V2", "CURE_PILOT_V2", "verdict_frame", "stamped", "VERDICT_COLUMNS",
-           "PARTS_V3", "CURE_V3", "FORCED_V3", "AFTER_V2", "IDENTIFY_MARGIN", "MIN_IDENTIFIED", "forced", "forced_v1"]
+           "PARTS_V3", "CURE_V3", "FORCED_V3", "AFTER_V2", "IDENTIFY_MARGIN", "MIN_IDENTIFIED", "forced", "forced_v1",
+           "provenance_of", "with_provenance"]
 
 # ----------------------------------------------------------------------------- version 1 (as it ran)
 _APPARATUS_V1 = {"task": {"name": "kpart", "v": 3, "n_distractors": 1}, "model": "kpart_model(task) (pinned)",
@@ -452,6 +453,27 @@ def forced_v1(frame: pd.DataFrame, experiment: str, *, every_arm_zero: bool = Fa
     if experiment == "cure" and every_arm_zero:
         reasons[_OV_ALL_ZERO[0]] = rows[_OV_ALL_ZERO[1]]
     return forced(frame, reasons)
+
+
+def provenance_of(protocol: str, apparatus: str) -> Provenance:
+    """When the rule of a verdict row was fixed relative to the results it grades, from the row's declaration
+    stamp and apparatus: version 1 was written down as it ran, with amendments after results (restated);
+    version 2 before its runs, except its rows that re-judge version-1 runs or the developing series (their
+    values were known); version 3 after the version-2 results."""
+    version = int(str(protocol).split(" (sha256")[0].rsplit(" v", 1)[1])
+    if version == 1:
+        return Provenance.RESTATED
+    if version == 2 and not any(x in apparatus for x in ("v1 runs", "control", "developing series")):
+        return Provenance.DECLARED_BEFORE
+    return Provenance.DECLARED_AFTER
+
+
+def with_provenance(frame: pd.DataFrame) -> pd.DataFrame:
+    """A study verdict table (:data:`VERDICT_COLUMNS`) with a ``provenance`` column after ``verdict``
+    (:func:`provenance_of` per row)."""
+    out = frame.copy()
+    out["provenance"] = [str(provenance_of(p, a)) for p, a in zip(out["protocol"], out["apparatus"])]
+    return out
 
 
 def stamped(frame: pd.DataFrame, name: str, version: int, apparatus: str) -> pd.DataFrame:

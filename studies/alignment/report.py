@@ -6,23 +6,25 @@ standalone ones with runs or models of their own (:data:`STANDALONE`), each writ
 the protocol (the pinned apparatus, as it ran): :mod:`.cure`, :mod:`.precursor`, :mod:`.occupation`,
 :mod:`.anneal`, :mod:`.ignition`, :mod:`.fdt`. Version 2 (the unpinned apparatus, declared in
 :mod:`.protocol`): ``unpinned`` (:mod:`.unpinned`), ``withheld`` (:mod:`.withheld`), ``fdt-unpinned``,
-``precursor-unpinned`` and ``ignition-dose``. ``results.md`` shows both versions' verdicts, each row with
-its apparatus and the stamp (name, version, sha256) of the declaration that produced it; the declarations
-themselves are written to ``OUT/protocol.json``.
+``precursor-unpinned`` and ``ignition-dose``. Version 3 (declared after the version-2 results) re-judges
+the same jobs inside ``unpinned`` and ``withheld``. ``results.md`` shows every version's verdicts, each row
+with its apparatus, the stamp (name, version, sha256) of the declaration that produced it and its
+provenance; ``OUT/findings.md`` is the finding, generated from ``verdicts.csv``; the declarations
+themselves are written to ``OUT/protocol.json``. The part experiments run first (the standalone ones read
+their rate constants and pinned ablation table), so the full call rebuilds every file from the jobs.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 import pandas as pd
 import torch
 
-from circuitfade.claims import Outcome
+from circuitfade.claims import Outcome, Provenance
 from circuitfade.cli import check_count
 from circuitfade.io import write_json
 from circuitfade.viz.plots import save_figure
@@ -40,7 +42,7 @@ from studies.alignment.apparatus import (
     V,
 )
 from studies.alignment.parts import KS, PARTS, PartsResult, run_parts, verdicts
-from studies.alignment.protocol import DECLARATIONS, VERDICT_COLUMNS, forced_v1, stamped
+from studies.alignment.protocol import DECLARATIONS, VERDICT_COLUMNS, forced_v1, stamped, with_provenance
 
 __all__ = ["EXPERIMENTS", "STANDALONE", "VERSION2", "collect_verdicts", "version_of", "findings", "run",
            "build_parser", "main"]
@@ -77,7 +79,7 @@ def _check(names: list[str], seeds) -> None:
         raise ValueError(f"--seeds must be a positive integer, got {seeds!r}")
 
 
-def _header(called: str, seeds: int, out: Path, with_series: bool, res: PartsResult, wall_s: float) -> list[str]:
+def _header(called: str, seeds: int, out: Path, with_series: bool, res: PartsResult) -> list[str]:
     n_reinit = 0 if res.reinit is None else len(res.reinit)
     head = ["# No-partial-credit circuit formation", "",
             f"Command: `python -m studies.alignment {called + ' ' if called else ''}--seeds {seeds} --out {out}"
@@ -103,7 +105,8 @@ def _verdict_file(out: Path, name: str) -> Path:
 def collect_verdicts(out: Path, parts_v1: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(version 2 and later, version 1)`` verdict tables (:data:`~studies.alignment.protocol.VERDICT_COLUMNS`) from
     ``parts_v1`` (this call's part-1 verdicts) and every ``OUT/<experiment>_verdicts.csv`` present (this or an
-    earlier call); version-1 files without the apparatus and protocol columns are stamped here."""
+    earlier call); version-1 files without the apparatus and protocol columns are stamped here, and every row
+    gets its ``provenance`` (:func:`~studies.alignment.protocol.with_provenance`)."""
     v1 = [] if parts_v1 is None else [stamped(parts_v1, "parts", 1, "pinned")]
     v2 = []
     for name in STANDALONE:
@@ -115,8 +118,9 @@ def collect_verdicts(out: Path, parts_v1: pd.DataFrame | None) -> tuple[pd.DataF
             v2.append(df[list(VERDICT_COLUMNS)])
         else:
             v1.append(stamped(df, name, 1, _V1_APPARATUS.get(name, "pinned")))
-    empty = pd.DataFrame(columns=list(VERDICT_COLUMNS))
-    return (pd.concat(v2, ignore_index=True) if v2 else empty), (pd.concat(v1, ignore_index=True) if v1 else empty)
+    empty = pd.DataFrame(columns=list(VERDICT_COLUMNS) + ["provenance"])
+    return ((with_provenance(pd.concat(v2, ignore_index=True)) if v2 else empty),
+            (with_provenance(pd.concat(v1, ignore_index=True)) if v1 else empty))
 
 
 def version_of(protocol: str) -> int:
@@ -138,12 +142,15 @@ def findings(verdicts: pd.DataFrame) -> str:
     forced_n = int((words == str(Outcome.FORCED)).sum())
     counts = words[words != str(Outcome.FORCED)].value_counts()
     order = [str(o) for o in Outcome if str(o) in counts.index]
+    before = int((verdicts.provenance == str(Provenance.DECLARED_BEFORE)).sum()) if "provenance" in verdicts else 0
     lines = [f"Of {len(verdicts)} verdicts (versions 1-3), {forced_n} are *forced by the apparatus* (they hold in "
              f"any model of it, so they test nothing); the other {len(verdicts) - forced_n}: "
-             + ", ".join(f"{int(counts[o])} {o}" for o in order) + ".", ""]
+             + ", ".join(f"{int(counts[o])} {o}" for o in order) + f". {before} rows grade runs whose rule was "
+             f"declared before them.", ""]
 
     def bullets(rows: pd.DataFrame) -> list[str]:
-        return [f"* **{r.verdict}**: {r.claim} ({r.apparatus}). {r.ours.rstrip('.')}." for r in rows.itertuples()]
+        return [f"* **{r.verdict}**: {r.claim} ({r.apparatus}; {r.provenance}). {r.ours.rstrip('.')}."
+                for r in rows.itertuples()]
 
     v3 = verdicts[version == 3]
     if len(v3):
@@ -191,18 +198,19 @@ def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | 
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "protocol.json", {f"{d.name} v{d.version}": {"payload": d.payload(), "sha256": d.sha256()}
                                        for d in DECLARATIONS.values()})
-    t_start = time.time()
+    parts = [n for n in names if n not in STANDALONE]
+    # the parts first: the rate constants (ignition) and the pinned ablation table (unpinned) are read below
+    res = run_parts(parts, seeds=seeds, out=out, workers=workers, with_series=with_series,
+                    progress=progress) if parts else None
     standalone = {n: _STANDALONE_RUN[n](out, workers, progress, png) for n in names if n in STANDALONE}
-    names = [n for n in names if n not in STANDALONE]
-    if not names:
+    if res is None:
         v = pd.concat([r["verdicts"] for r in standalone.values()], ignore_index=True)
         return {"summary": {}, "verdicts": v, "markdown": "\n\n".join(r["markdown"] for r in standalone.values()),
                 **standalone}
-    res = run_parts(names, seeds=seeds, out=out, workers=workers, with_series=with_series, progress=progress)
     v2, v1 = collect_verdicts(out, forced_v1(verdicts(res.summary), "parts"))
     for name, fig in res.figures:
         save_figure(fig, out / f"fig_{name}", png=png)
-    head = _header(" ".join(experiments or []), seeds, out, with_series, res, time.time() - t_start)
+    head = _header(" ".join(experiments or []), seeds, out, with_series, res)
     mds = [(out / f"{_FILE.get(x, x)}.md") for x in VERSION2 + tuple(x for x in STANDALONE if x not in VERSION2)]
     text = ("\n".join(head) + "\n" + _summary_section(v2, v1) + "\n## Version 1: part ablation, waiting times, rate "
             "equation (pinned)\n\n" + "\n".join(res.sections) + "".join("\n" + f.read_text() for f in mds if f.is_file()))

@@ -38,7 +38,7 @@ from circuitfade.train import EVAL_SEED, new_run
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
 from studies.alignment.apparatus import CHUNK, base_config, from_scratch, run_cached_jobs
-from studies.alignment.protocol import (FORCED_V3, IDENTIFY_MARGIN, MIN_IDENTIFIED, PARTS_V2, PARTS_V3, forced,
+from studies.alignment.protocol import (FORCED_V3, IDENTIFY_MARGIN, MIN_IDENTIFIED, PARTS_V2, forced,
                                         rules_of, stamp, verdict_frame)
 
 __all__ = ["KS", "SEEDS", "CAPS", "CLAIM_CREDIT", "CLAIM_RANDOM", "CLAIM_CREDIT_V3", "CLAIM_RANDOM_V3",
@@ -109,9 +109,9 @@ def identification(frame: pd.DataFrame, by: list[str], *, margin: float = IDENTI
     missing = [c for c in list(by) + ["kind", "retained"] if c not in frame.columns]
     if missing:
         raise ValueError(f"identification: ablation rows lack columns {missing}")
-    g = frame.groupby(list(by))
-    part = g.apply(lambda x: x.retained[x.kind == "part"].max(), include_groups=False).rename("part_max")
-    other = g.apply(lambda x: x.retained[x.kind == "random"].min(), include_groups=False).rename("other_min")
+    index = frame.groupby(list(by)).size().index
+    part = frame[frame.kind == "part"].groupby(list(by)).retained.max().reindex(index).rename("part_max")
+    other = frame[frame.kind == "random"].groupby(list(by)).retained.min().reindex(index).rename("other_min")
     cells = pd.concat([part, other], axis=1).reset_index()
     ok = np.isfinite(cells.part_max.astype(float)) & np.isfinite(cells.other_min.astype(float))
     cells["identified"] = ok & (cells.part_max <= cells.other_min - margin)
@@ -165,7 +165,7 @@ def unpinned_verdicts(unpinned: pd.DataFrame | None, pinned: pd.DataFrame | None
     return table, summaries
 
 
-def _v3_rows(name: str, frame: pd.DataFrame | None, by: list[str], what: str) -> tuple[list[Verdict], dict]:
+def _v3_rows(frame: pd.DataFrame | None, by: list[str], what: str) -> tuple[list[Verdict], dict]:
     """The two v3 verdicts of one apparatus: identification first, then the credit and random-head rules on
     the identified cells only."""
     if frame is None or not len(frame):
@@ -211,7 +211,7 @@ def unpinned_verdicts_v3(unpinned: pd.DataFrame | None, pinned: pd.DataFrame | N
                                    "checkpoints of one training run")):
         if frame is not None and "step" in frame:
             frame = frame[np.isfinite(frame.retained.astype(float))]
-        vs, summaries[name] = _v3_rows(name, frame, by, what)
+        vs, summaries[name] = _v3_rows(frame, by, what)
         verdicts += vs
         apparatus += [name] * len(vs)
     table = verdict_frame(verdicts, "parts", 3, apparatus)
