@@ -16,6 +16,7 @@
 * Means of a correlated time series (e.g. a per-step observable of a training run at
   stationarity): :func:`batch_means_interval` (non-overlapping batch means, Student-t).
 * Medians over seeds: :func:`bootstrap_median`, :func:`bootstrap_median_ratio` (percentile bootstrap).
+* Counts: :func:`binomial_exact_interval` (Clopper-Pearson), :func:`sign_test` (exact, one-sided).
 * Fits: :func:`nelder_mead` (derivative-free minimiser).
 * Comparing intervals: :func:`compare_intervals` (``"higher"``, ``"lower"`` or
   ``"overlap"``).
@@ -24,6 +25,14 @@
   for independent samples, :func:`satterthwaite_interval` for two summarised estimates
   (standard error and its degrees of freedom; ``df = inf`` on both sides is the normal
   interval, used only when both errors come from large samples).
+
+Input contract: every public function checks its input at the door with the shared checks
+(:func:`check_level`, :func:`check_number`, :func:`check_count`, :func:`check_values`,
+:func:`check_interval`, also used by :mod:`circuitfade.claims`) and refuses bad input with one
+``ValueError`` naming the function and the argument: a ``level`` outside (0, 1), ±inf, strings,
+shapes that do not pair, counts above their trials, fewer than 2 resamples, inverted interval
+ends. NaN means a missing value: a sample's NaN entries are dropped where a function says so,
+and a NaN scalar gives a NaN result. One value gives no interval (NaN ends), never a zero-width one.
 
 Everything is plain ``numpy`` (no torch, no scipy) and sits at the bottom of the
 package's layers.
