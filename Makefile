@@ -36,10 +36,11 @@ test: $(STAMP)
 test-tl4: $(STAMP_TL4)
 	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
 
-# what CI runs under TransformerLens 4.3: the tests not marked slow, then every line test (tests/tl4/, slow ones too)
+# what CI runs under TransformerLens 4.3: the tests not marked slow, then every line test (tests/tl4/, slow ones
+# too) and every user-facing page and tutorial (the README and docs blocks, the notebooks)
 test-tl4-fast: $(STAMP_TL4)
 	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m "not slow"
-	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup tests/tl4
+	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup tests/tl4 tests/test_readme.py tests/test_tutorials.py
 
 # the suite on emulated foreign CPUs: torch's kernels without AVX (default) and with AVX2 only, MKL on its
 # compatible / AVX2 code paths. Every test not marked slow, and the slow ones marked numerics (fixtures from

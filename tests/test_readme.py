@@ -5,8 +5,9 @@ are extracted and each command or block gets one of these treatments (chosen by 
 in :func:`plan`; ``pytest -s -k treatment`` lists every block with its treatment and, for
 anything not run, the reason):
 
-* ``run``: executed as written - python blocks in a fresh interpreter, shell commands
-  through ``python -m circuitfade`` / ``python`` - in a scratch folder per page that stands in
+* ``run``: executed as written - a page's python blocks in one fresh interpreter, in page
+  order, as a reader pastes them into one notebook (a block sees what the blocks above it
+  defined), shell commands through ``python -m circuitfade`` / ``python`` - in a scratch folder per page that stands in
   for a clone's root: it holds read-only links to the repository's ``assets/`` and
   ``circuitfade/data/`` (so ``circuitfade/data/series/...`` paths resolve; ``circuitfade/``
   there is a plain folder, and the package itself is imported from the repository) and whatever
@@ -29,9 +30,11 @@ anything not run, the reason):
   this test checks that the files (``-r``) and extras (``.[figures]``) they name exist.
 
 ``text`` blocks are shown, not run (equations, sample output); a test checks that none of them
-holds a command. Under TransformerLens 4 a page whose examples use 3.x's own classes
-(``HookedTransformer``, ``HookedTransformerConfig``: :data:`TL3_ONLY`) is skipped with that
-reason; every other page runs on both lines. The fast tests check extraction, the plan and every ``parse`` item; the slow
+holds a command. Every page runs on both TransformerLens lines. Where the code differs, a page
+shows the two routes side by side: a python block whose first line is ``# TransformerLens 3.9``
+runs only on 3.9, one whose first line is ``# TransformerLens 4.x`` only on 4.x (:data:`LINE_TAGS`);
+a block that uses 3.x's own classes (:data:`TL3_ONLY`) must carry the 3.9 tag, and a page with a
+3.9 block has a 4.x block too (fast tests check both), so no page is skipped on either line. The fast tests check extraction, the plan and every ``parse`` item; the slow
 test runs every ``run`` and ``tiny`` item, page by page, in page order.
 """
 
@@ -56,6 +59,11 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 
 
+def _rel(f: Path) -> str:
+    """``f`` as the pages name it: relative to the repository (a page outside it, in a test, by its name)."""
+    return str(f.relative_to(REPO)) if f.is_relative_to(REPO) else f.name
+
+
 def doc_files() -> list[Path]:
     """The README, then every markdown page of the docs site, in path order."""
     return [README] + sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.relative_to(DOCS).parts)
@@ -77,9 +85,10 @@ TINY = {
     "local-series": ["--steps", "60", "--quiet"],
 }
 LANGS = {"python", "bash", "text"}
-# a page whose python blocks use TransformerLens 3.x's own classes is a 3.x example: run by `make test`,
-# skipped (with this reason) under TransformerLens 4, which has no HookedTransformer
+# a python block that uses TransformerLens 3.x's own classes (4.x removed them) must be tagged for 3.9
 TL3_ONLY = re.compile(r"\bHookedTransformerConfig\b|from transformer_lens import HookedTransformer\b")
+# the first line of a python block that runs on one TransformerLens line only -> that line
+LINE_TAGS = {"# TransformerLens 3.9": "3.9", "# TransformerLens 4.x": "4.x"}
 COMMAND_WORDS = ("circuitfade", "python", "python3", "make", "pip", "mkdocs")
 
 
@@ -91,10 +100,11 @@ class Item:
     line: int  # line of the block in its file
     file: Path = README
     reason: str = ""
+    tl: str | None = None  # "3.9" / "4.x": a python block for that TransformerLens line only (LINE_TAGS)
 
     @property
     def where(self) -> str:
-        return f"{self.file.relative_to(REPO)}:{self.line}"
+        return f"{_rel(self.file)}:{self.line}"
 
 
 def blocks(text: str, name: str = "README.md") -> list[tuple[str, str, int]]:
@@ -167,10 +177,11 @@ def _shell_treatment(argv: list[str]) -> tuple[str, str]:
 def plan(files: list[Path] | None = None) -> list[Item]:
     items = []
     for f in doc_files() if files is None else files:
-        for lang, body, line in blocks(f.read_text(), str(f.relative_to(REPO))):
+        for lang, body, line in blocks(f.read_text(), _rel(f)):
             if lang == "python":
                 reasons = [r for key, r in PYTHON_PARSE_ONLY.items() if key in body]
-                items.append(Item("python", "parse" if reasons else "run", body, line, f, "; ".join(reasons)))
+                tl = LINE_TAGS.get(body.lstrip().splitlines()[0].strip()) if body.strip() else None
+                items.append(Item("python", "parse" if reasons else "run", body, line, f, "; ".join(reasons), tl))
             elif lang == "bash":
                 for cmd in commands(body):
                     how, reason = _shell_treatment(_strip_comment(cmd))
@@ -346,25 +357,123 @@ def _pages_with_runs() -> list[Path]:
     return [f for f in doc_files() if any(it.how in ("run", "tiny") for it in plan([f]))]
 
 
+# Runs a page's python blocks in one interpreter: reads block files from stdin, one path a line, executes
+# each in one shared namespace and answers on the status pipe (its fd is argv[1]) with one JSON line.
+_DRIVER = """
+import json, os, sys, traceback
+if __name__ == "__main__":
+    status = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+    ns = {"__name__": "__main__"}
+    for path in map(str.strip, sys.stdin):
+        try:
+            exec(compile(open(path).read(), path, "exec"), ns)
+            status.write(json.dumps({"ok": True}) + "\\n")
+        except BaseException:
+            status.write(json.dumps({"ok": False, "error": traceback.format_exc()[-3000:]}) + "\\n")
+"""
+
+
+class PageInterpreter:
+    """One python interpreter for a page: ``run(item)`` executes a block in it and waits for the answer."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        (folder / "_blocks_driver.py").write_text(_DRIVER)
+        self.out = open(folder / "_blocks_output.txt", "w")
+        read, write = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, str(folder / "_blocks_driver.py"), str(write)], cwd=folder,
+                                     env=_env(), stdin=subprocess.PIPE, stdout=self.out, stderr=subprocess.STDOUT,
+                                     text=True, pass_fds=(write,))
+        os.close(write)
+        self.status = os.fdopen(read)
+
+    def run(self, it: Item, timeout: float = 900) -> None:
+        import json
+        import select
+
+        script = self.folder / f"_block_{it.line}.py"
+        script.write_text("import torch\ntorch.set_num_threads(1)\n" + textwrap.dedent(it.text) + "\n")
+        self.proc.stdin.write(f"{script}\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.status], [], [], timeout)
+        answer = self.status.readline() if ready else ""
+        if not answer:
+            self.close()
+            tail = (self.folder / "_blocks_output.txt").read_text()[-3000:]
+            raise AssertionError(f"{it.where} (python block): the interpreter "
+                                 f"{'timed out' if not ready else 'died'}:\n{tail}")
+        answer = json.loads(answer)
+        assert answer["ok"], f"{it.where} (python block) failed:\n{answer['error']}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.out.close()
+        self.status.close()
+
+
+def _this_line() -> str:
+    from circuitfade.compat import is_tl4
+
+    return "4.x" if is_tl4() else "3.9"
+
+
+def test_blocks_of_3x_classes_are_tagged_and_every_page_has_a_4x_route():
+    """No page is 3.9-only: a block that uses ``HookedTransformer`` is tagged for 3.9, and its page
+    shows the 4.x route beside it."""
+    items = [it for it in plan() if it.lang == "python"]
+    for it in items:
+        if TL3_ONLY.search(it.text):
+            assert it.tl == "3.9", f"{it.where}: uses TransformerLens 3.x classes; first line must be '# TransformerLens 3.9'"
+    for page in {it.file for it in items if it.tl == "3.9"}:
+        assert any(it.file == page and it.tl == "4.x" for it in items), \
+            f"{page.relative_to(REPO)}: a 3.9 block without the TransformerLens 4.x route beside it"
+    assert {"3.9", "4.x"} <= {it.tl for it in items}  # the own-model pages show both routes
+
+
+def test_line_tags_are_read_from_the_first_line_only(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("```python\n# TransformerLens 4.x\nx = 1\n```\n\n```python\nx = 2  # TransformerLens 3.9\n```\n")
+    assert [it.tl for it in plan([page])] == ["4.x", None]
+
+
+def test_a_page_interpreter_keeps_names_between_blocks_and_reports_the_failing_block(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("```python\nx = 41\n```\n\n```python\nassert x == 41\ny = x + 1\n```\n\n"
+                    "```python\nraise ValueError(f'boom {y}')\n```\n")
+    items = plan([page])
+    interpreter = PageInterpreter(tmp_path)
+    try:
+        interpreter.run(items[0])
+        interpreter.run(items[1])
+        with pytest.raises(AssertionError, match=r"p.md:10 .*boom 42"):
+            interpreter.run(items[2])
+    finally:
+        interpreter.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", _pages_with_runs(), ids=lambda p: str(p.relative_to(REPO)))
 def test_blocks_run_in_order(page, tmp_path):
-    from circuitfade.compat import is_tl4
-
     items = plan([page])
-    if is_tl4() and any(it.lang == "python" and TL3_ONLY.search(it.text) for it in items):
-        pytest.skip(f"{page.name}: TransformerLens 3.x examples (HookedTransformer), run by make test on 3.9")
+    line = _this_line()
     (tmp_path / "assets").symlink_to(REPO / "assets", target_is_directory=True)
     (tmp_path / "circuitfade").mkdir()
     (tmp_path / "circuitfade" / "data").symlink_to(REPO / "circuitfade" / "data", target_is_directory=True)
-    for it in items:
-        if it.how in ("parse", "setup"):
-            continue
-        if it.lang == "python":
-            script = tmp_path / f"block_{it.line}.py"
-            script.write_text("import torch\ntorch.set_num_threads(1)\n" + textwrap.dedent(it.text) + "\n")
-            r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True,
-                               text=True, timeout=900)
-            assert r.returncode == 0, f"{it.where} (python block) failed:\n{r.stderr[-3000:]}"
-        else:
-            _run_shell(_strip_comment(it.text), tmp_path, it.how)
+    interpreter = None
+    try:
+        for it in items:
+            if it.how in ("parse", "setup") or (it.tl is not None and it.tl != line):
+                continue
+            if it.lang == "python":
+                interpreter = interpreter or PageInterpreter(tmp_path)
+                interpreter.run(it)
+            else:
+                _run_shell(_strip_comment(it.text), tmp_path, it.how)
+    finally:
+        if interpreter is not None:
+            interpreter.close()
