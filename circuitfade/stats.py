@@ -181,6 +181,14 @@ def check_interval(lo, hi, name: str = "interval") -> tuple[float, float]:
     return ends
 
 
+def _at_least_two(n, name: str) -> int:
+    """A count of examples, resamples or batches: an int >= 2 (one gives an interval of zero width)."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 2:
+        raise ValueError(f"{name}: expected an int >= 2, got {n!r} (one example, one resample or one batch "
+                         "gives an interval of zero width)")
+    return int(n)
+
+
 def _short(values) -> str:
     text = repr(values)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -356,10 +364,7 @@ def bootstrap_weights(n: int, resamples: int = DEFAULT_RESAMPLES, seed: int = 0)
     so the same resamples can be applied to every head, step and metric measured on
     the same evaluation set (resample ``r`` is then one coherent alternative eval set).
     """
-    for name, v in (("n", n), ("resamples", resamples)):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 2:
-            raise ValueError(f"{name}: expected an int >= 2, got {v!r} (resampling one example, or drawing one "
-                             "resample, gives an interval of zero width)")
+    n, resamples = _at_least_two(n, "n"), _at_least_two(resamples, "resamples")
     check_count(seed, "bootstrap_weights: seed")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(int(resamples), int(n)))
@@ -833,8 +838,7 @@ def batch_means_interval(values, n_batches: int = 20, level: float = DEFAULT_LEV
     non-finite series or fewer than 2 values per batch.
     """
     level = check_level(level)
-    if isinstance(n_batches, (bool, np.bool_)) or not isinstance(n_batches, (int, np.integer)) or n_batches < 2:
-        raise ValueError(f"n_batches must be an integer >= 2, got {n_batches!r}")
+    n_batches = _at_least_two(n_batches, "batch_means_interval: n_batches")
     x = check_values(values, "batch_means_interval: values", inf=True)
     if not np.isfinite(x).all():
         raise ValueError("batch_means_interval: the series has non-finite values")
@@ -859,12 +863,6 @@ def _median_sample(x, name: str, inf: bool) -> np.ndarray:
     return v
 
 
-def _resamples(n, name: str) -> int:
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 2:
-        raise ValueError(f"{name}: expected an int >= 2, got {n!r} (one resample is no interval)")
-    return int(n)
-
-
 def bootstrap_median(x, n: int = 2000, seed: int = 0, level: float = DEFAULT_LEVEL, *,
                      inf: bool = False) -> tuple[float, float, float]:
     """``(median, lo, hi)``: the sample median with a percentile-bootstrap interval (``n`` resamples
@@ -877,7 +875,7 @@ def bootstrap_median(x, n: int = 2000, seed: int = 0, level: float = DEFAULT_LEV
     so an infinite end stays infinite instead of becoming NaN.
     """
     level = check_level(level)
-    n = _resamples(n, "bootstrap_median: n")
+    n = _at_least_two(n, "bootstrap_median: n")
     seed = check_count(seed, "bootstrap_median: seed")
     x = _median_sample(x, "bootstrap_median: x", inf)
     if len(x) == 0:
@@ -899,7 +897,7 @@ def bootstrap_median_ratio(a, b, n: int = 4000, seed: int = 0, level: float = DE
     ±inf entries, ``n < 2`` resamples or a ``level`` outside (0, 1).
     """
     level = check_level(level)
-    n = _resamples(n, "bootstrap_median_ratio: n")
+    n = _at_least_two(n, "bootstrap_median_ratio: n")
     seed = check_count(seed, "bootstrap_median_ratio: seed")
     a, b = _median_sample(a, "bootstrap_median_ratio: a", False), _median_sample(b, "bootstrap_median_ratio: b", False)
     if len(a) == 0 or len(b) == 0:
