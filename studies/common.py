@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 from circuitfade.cli import RESUME_HINT, guarded
 from circuitfade.io import write_json
-from circuitfade.train.lock import run_lock
+from circuitfade.train.lock import RunLocked, run_lock
 
 __all__ = ["study_main", "StudyOutputs", "study_folder"]
 
@@ -110,7 +110,10 @@ class StudyOutputs:
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"--out {self.out}: exists and is not a folder")
         self.home.mkdir(parents=True, exist_ok=True)
-        self._locks.enter_context(run_lock(self.home))
+        try:
+            self._locks.enter_context(run_lock(self.home))
+        except RunLocked as e:  # (the holder keeps its folder)
+            raise RunLocked(f"{self.out} is being written by another study command ({e})") from None
         try:
             self.recover()
             self._existed = self.out.is_dir()
@@ -127,6 +130,8 @@ class StudyOutputs:
         except BaseException:
             if not self._begun:
                 self._locks.close()
+                with contextlib.suppress(OSError):
+                    self.home.rmdir()  # only when nothing is kept there
             raise
 
     def recover(self) -> str | None:
@@ -222,27 +227,32 @@ class StudyOutputs:
 
 @contextlib.contextmanager
 def _on_parsed(callback: Callable[[argparse.Namespace], None]):
-    """Call ``callback(namespace)`` each time a command line is parsed (not for the sub-parsers
-    argparse calls within), while the block runs."""
-    real = argparse.ArgumentParser.parse_known_args
+    """Call ``callback(namespace)`` each time a command line has been parsed and handed back to the
+    caller (``parse_args``, ``parse_known_args``; not for the calls argparse makes within), while
+    the block runs."""
     depth = 0
 
-    def parse_known_args(self, args=None, namespace=None):
-        nonlocal depth
-        depth += 1
-        try:
-            ns, rest = real(self, args, namespace)
-        finally:
-            depth -= 1
-        if depth == 0:
-            callback(ns)
-        return ns, rest
+    def hooked(real):
+        def parse(self, args=None, namespace=None):
+            nonlocal depth
+            depth += 1
+            try:
+                result = real(self, args, namespace)
+            finally:
+                depth -= 1
+            if depth == 0:
+                callback(result[0] if isinstance(result, tuple) else result)
+            return result
+        return parse
 
-    argparse.ArgumentParser.parse_known_args = parse_known_args
+    saved = {name: getattr(argparse.ArgumentParser, name) for name in ("parse_args", "parse_known_args")}
+    for name, real in saved.items():
+        setattr(argparse.ArgumentParser, name, hooked(real))
     try:
         yield
     finally:
-        argparse.ArgumentParser.parse_known_args = real
+        for name, real in saved.items():
+            setattr(argparse.ArgumentParser, name, real)
 
 
 def _holds_cwd(out: Path) -> bool:

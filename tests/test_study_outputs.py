@@ -135,7 +135,7 @@ def test_a_run_that_writes_nothing_leaves_no_folder_and_no_trace(out, capsys):
 def test_one_command_writes_a_folder_at_a_time(out):
     first = StudyOutputs(out, "one")
     first.begin()
-    with pytest.raises(RunLocked):
+    with pytest.raises(RunLocked, match="is being written by another study command"):
         StudyOutputs(out, "two").begin()
     first.end(ok=True)
     second = StudyOutputs(out, "two")
@@ -252,3 +252,25 @@ def test_development_tables_only_through_the_command_rebuilds_the_committed_resu
     text = (tmp_path / "results.md").read_text()
     assert text.replace(f" --out {tmp_path}", "") == (COMMITTED / "results.md").read_text()
     assert not study_folder(tmp_path).exists()
+
+
+class Parsed(Exception):
+    pass
+
+
+def test_a_caller_that_stops_after_parsing_starts_no_unit(out, monkeypatch):
+    """A command stopped right after its arguments are parsed (as the docs' parse-only check does)
+    writes nothing, so it takes no snapshot and no lock: a run in progress does not block it."""
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        raise Parsed(real(self, args, namespace))
+
+    holder = StudyOutputs(out, "another")
+    holder.begin()
+    try:
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+        with pytest.raises(Parsed):
+            run(out)
+    finally:
+        holder.end(ok=True)
