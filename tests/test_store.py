@@ -214,9 +214,9 @@ def test_user_checkpoint_steps_from_names(tmp_path):
     for name in ("model-000300.safetensors", "model-000020.safetensors", "model-1000.safetensors"):
         save_file(sd, str(tmp_path / name))
     assert attach(tmp_path, config=cfg).steps == [20, 300, 1000]
-    save_file(sd, str(tmp_path / "final.safetensors"))
-    with pytest.raises(CheckpointError, match="final.safetensors: no step number"):
-        attach(tmp_path, config=cfg)
+    save_file(sd, str(tmp_path / "final.safetensors"))  # beside numbered files: left out, named
+    with pytest.warns(UserWarning, match=r"left out \['final\.safetensors'\].*pattern="):
+        assert attach(tmp_path, config=cfg).steps == [20, 300, 1000]
     with pytest.raises(ValueError, match="steps= has 2 entries"):
         attach(tmp_path, config=cfg, steps=[1, 2])
 
