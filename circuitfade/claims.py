@@ -303,8 +303,8 @@ class _FrozenDict(dict):
 
     __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
 
-    def __reduce__(self):
-        return (_FrozenDict, (dict(self),))
+    def __reduce__(self):  # a copy or a pickle is plain data (loadable without this module)
+        return (dict, (dict(self),))
 
 
 class _FrozenList(list):
@@ -315,7 +315,7 @@ class _FrozenList(list):
     reverse = sort = _refuse
 
     def __reduce__(self):
-        return (_FrozenList, (list(self),))
+        return (list, (list(self),))
 
 
 def _freeze(x: Any, where: str) -> Any:
@@ -369,6 +369,9 @@ class Declaration:
         if not isinstance(self.data, Mapping):
             raise ValueError(f"Declaration.data must be a mapping, got {type(self.data).__name__}")
         object.__setattr__(self, "data", _freeze(self.data, "data"))
+
+    def __reduce__(self):  # a copy or an unpickled declaration is declared again: frozen
+        return (Declaration, (self.name, self.version, _thaw(self.data)))
 
     def payload(self) -> dict:
         """``{"name", "version", "data"}`` as plain (unfrozen) JSON data: what :meth:`sha256` hashes."""

@@ -194,8 +194,6 @@ def _short(values) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-
-
 def z_value(level: float = DEFAULT_LEVEL) -> float:
     """The standard normal quantile ``z`` with ``P(|Z| <= z) = level`` (1.96 for 0.95)."""
     return NormalDist().inv_cdf((1 + check_level(level)) / 2)

@@ -140,7 +140,14 @@ def test_a_declaration_cannot_change_after_it_is_hashed():
     assert d.payload() == {"name": "study", "version": 1, "data": {"seeds": [0, 1, 2], "pair": (1, 2),
                                                                   "claims": {"c": {"min": 0.6, "ps": [0.2, 0.5]}}}}
     assert Declaration("study", 1, {**d.data}).sha256() == h and dict(d.data["claims"]["c"], min=0.7)["min"] == 0.7
-    assert copy.deepcopy(d) == d and pickle.loads(pickle.dumps(d)).sha256() == h
+    for twin in (copy.deepcopy(d), copy.copy(d), pickle.loads(pickle.dumps(d))):  # declared again: frozen too
+        assert twin == d and twin.sha256() == h
+        with pytest.raises(TypeError, match="cannot change"):
+            twin.data["seeds"].append(3)
+    mine = copy.deepcopy(d.data["claims"])  # a copy of part of the data is plain data, free to edit
+    mine["c"]["ps"].append(0.8)
+    assert type(mine) is dict and d.data["claims"]["c"]["ps"] == [0.2, 0.5]
+    assert type(pickle.loads(pickle.dumps(d.data["seeds"]))) is list  # loadable without circuitfade
     plain = d.payload()
     plain["data"]["seeds"].append(9)  # the payload is a copy
     assert d.sha256() == h
