@@ -60,6 +60,8 @@ def test_demo_shows_progress_for_both_runs(tmp_path, capfd):
     assert "| unforced |" in summary and "| fade600->0 |" in summary and "gate is still 0.50" in summary
     mine = tmp_path / "mine.md"
     mine.write_text("my notes\n")
-    with pytest.raises(SystemExit, match="not written by the demo"):
-        main(["demo", "--steps", "10", "--out", str(tmp_path), "--no-report", "--summary", str(mine)])
-    assert mine.read_text() == "my notes\n"
+    capfd.readouterr()
+    assert main(["demo", "--steps", "10", "--out", str(tmp_path), "--no-report", "--summary", str(mine)]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("circuitfade demo: error: ") and "not written by the demo" in err and "--summary" in err
+    assert len(err.splitlines()) == 1 and mine.read_text() == "my notes\n"

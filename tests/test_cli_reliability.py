@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 import circuitfade.train.loop as training
 from circuitfade.cli import _task_dict, build_parser, main
@@ -368,3 +369,189 @@ def test_bad_config_files_are_one_line_naming_the_file(tmp_path, capsys, content
     assert main(["train", "--config", str(f), "--out", str(tmp_path / "r"), *QUICK]) == 2
     one_line_error(capsys, "run.json", *words)
     assert not (tmp_path / "r").exists()
+
+
+# --------------------------------------------------------------------------------------
+# the command line speaks its own syntax
+# --------------------------------------------------------------------------------------
+def _walk(parser, prog="circuitfade"):
+    """Every (command, parser) below ``parser``: the built-in subcommands and the delegated ones
+    (their parsers live in their own modules)."""
+    import argparse
+    import importlib
+
+    from circuitfade.cli import DELEGATED
+
+    yield prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if name in DELEGATED:
+                    module, _, _ = DELEGATED[name]
+                    sub = importlib.import_module(module).build_parser(f"{prog} {name}")
+                yield from _walk(sub, f"{prog} {name}")
+
+
+def test_every_command_and_option_has_help_text():
+    import argparse
+
+    seen = set()
+    for prog, parser in _walk(build_parser()):
+        seen.add(prog)
+        assert (parser.description or "").strip() or prog == "circuitfade", f"{prog}: no description"
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            name = "/".join(action.option_strings) or action.dest
+            assert (action.help or "").strip(), f"{prog} {name}: no help text"
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {a.dest: a.help for a in action._choices_actions}
+                assert set(helps) == set(action.choices) and all(h and h.strip() for h in helps.values()), helps
+    assert {"circuitfade demo", "circuitfade local-series", "circuitfade analyze", "circuitfade screen"} <= seen
+
+
+def test_screen_takes_the_checkpoint_flags_analyze_takes():
+    import argparse
+
+    from circuitfade.viz.report import build_parser as analyze_parser
+    from circuitfade.viz.screens import build_parser as screen_parser
+
+    def finding(ap):
+        groups = [g for g in ap._action_groups if g.title and g.title.startswith("finding the checkpoints")]
+        assert len(groups) == 1, [g.title for g in ap._action_groups]
+        return {(a.option_strings[0], a.type, a.metavar) for a in groups[0]._group_actions}
+
+    a, s = finding(analyze_parser()), finding(screen_parser())
+    assert a == s and {o for o, _, _ in a} >= {"--pattern", "--steps", "--step-pattern", "--config", "--key"}
+    ns = screen_parser().parse_args(["x", "--steps", "0,4", "--step-pattern", r"ckpt_(\d+)", "--key", "ema"])
+    assert isinstance(ns, argparse.Namespace) and ns.steps == [0, 4] and ns.key == "ema"
+
+
+def test_screen_uses_the_checkpoint_flags(tiny_run, tmp_path, capsys):
+    out = tmp_path / "s" / "screen.html"
+    assert main(["screen", str(tiny_run), "--steps", "0,4", "--n", "4", "--quiet", "--out", str(out)]) == 0
+    integrity = (out.parent / "integrity.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in integrity[1:]] == ["0", "4"]  # step 2 left out, as asked
+
+
+def _no_step_folder(folder: Path) -> Path:
+    """Two state-dict files whose names state no step, with their config."""
+    from circuitfade.compat import make_config, plain_model
+
+    cfg = make_config(dict(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=32, attn_only=True,
+                           act_fn=None, seed=0))
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(json.loads(json.dumps(cfg.to_dict(), default=str))))
+    for name in ("first.pt", "second.pt"):
+        torch.save(plain_model(cfg).state_dict(), folder / name)
+    return folder
+
+
+@pytest.mark.parametrize("command", ["analyze", "screen"])
+def test_errors_name_flags_not_python_arguments(tmp_path, capsys, command):
+    folder = _no_step_folder(tmp_path / "sd")
+    assert main([command, str(folder), "--out", str(tmp_path / "o" / "r.html"), "--quiet"]) == 2
+    err = one_line_error(capsys, "first.pt", "--steps S,S,...", "--step-pattern '", "--pattern '",
+                         f"(see circuitfade {command} --help)")
+    assert "steps=" not in err and "step_pattern=" not in err and "pattern=" not in err
+
+
+@pytest.mark.parametrize("argv, flag, python", [
+    (["screen", "RUN", "--n", "-1"], "--n must be", "n (number"),
+    (["analyze", "RUN", "--n", "1"], "--n: expected at least 2", "n: expected"),
+    (["analyze", "RUN", "--every", "0"], "--every: expected", "every: expected"),
+    (["train", "--steps", "0"], "--steps must be", "TrainConfig.steps"),
+    (["train", "--seed", "-1"], "--seed must be", "seed must"),
+])
+def test_library_messages_are_in_the_commands_flags(tiny_run, tmp_path, capsys, argv, flag, python):
+    argv = [str(tiny_run) if a == "RUN" else a for a in argv] + ["--out", str(tmp_path / "o" / "x.html"), "--quiet"]
+    assert main(argv) == 2
+    err = one_line_error(capsys, flag, "--help")
+    assert python not in err.replace(flag, "")
+
+
+def test_flag_translation_rules():
+    from circuitfade.viz.command import in_flags
+
+    flags = {"steps": ("--steps", "S,S,..."), "step_pattern": ("--step-pattern", "REGEX"), "n": ("--n", None),
+             "force": ("--force", None), "config": ("--config", "JSON"), "seq_len": ("--seq-len", "L")}
+    assert in_flags("pass steps=[...] or step_pattern=r'(\\d+)'", flags) == "pass --steps S,S,... or --step-pattern '(\\d+)'"
+    assert in_flags("x.html exists; pass --force (force=True) to replace it", flags) == \
+        "x.html exists; pass --force to replace it"
+    assert in_flags("seq_len must be an int >= 2, got 1", flags) == "--seq-len must be an int >= 2, got 1"
+    assert in_flags("TrainConfig.steps must be a positive integer", flags) == "--steps must be a positive integer"
+    assert in_flags("folder: pass config= (a config)", flags) == "folder: pass --config (a config)"
+    # words that are not arguments, and names in the middle of a sentence, stay as they are
+    assert in_flags("epoch=3-step=300.ckpt has 4 steps: n ok", flags) == "epoch=3-step=300.ckpt has 4 steps: n ok"
+    assert in_flags("lr=0.1 is not a flag", flags) == "lr=0.1 is not a flag"
+
+
+def test_a_long_error_is_one_bounded_line_pointing_at_help(tmp_path, capsys):
+    from circuitfade.viz.command import MAX_ERROR_CHARS
+
+    assert main(["train", "--path", "bogus", "--out", str(tmp_path / "r")]) == 2
+    err = one_line_error(capsys, "invalid gate path 'bogus'", "fade600->0", "in all", "(see circuitfade train --help)")
+    assert len(err) <= MAX_ERROR_CHARS + len("circuitfade train: error: ") + len(" (see circuitfade train --help)")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv", [["screen"], ["screen", "x", "--bogus"], ["analyze", "x", "--steps", "0,x"],
+                                  ["demo", "--seed", "x"], []])
+def test_usage_errors_are_one_line_with_a_help_pointer(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = one_line_error(capsys, "error:", "--help)")
+    assert "usage:" not in err
+
+
+@pytest.mark.parametrize("command", ["analyze", "screen"])
+def test_a_failed_command_leaves_no_output_folder(tmp_path, capsys, command):
+    out = tmp_path / "new" / "deeper" / "report.html"
+    assert main([command, str(tmp_path / "nowhere"), "--out", str(out), "--quiet"]) == 2
+    one_line_error(capsys, "nowhere")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert main([command, str(tmp_path / "nowhere"), "--out", str(kept / "report.html"), "--quiet"]) == 2
+    assert kept.is_dir()  # a folder that was there before stays
+
+
+def test_removing_new_folders_keeps_folders_with_files(tmp_path):
+    from circuitfade.viz.command import removing_new_folders
+
+    with pytest.raises(RuntimeError):
+        with removing_new_folders(tmp_path / "a" / "b", tmp_path / "c"):
+            (tmp_path / "a" / "b").mkdir(parents=True)
+            (tmp_path / "c").mkdir()
+            (tmp_path / "c" / "partial.csv").write_text("x")
+            raise RuntimeError("failed")
+    assert not (tmp_path / "a").exists() and (tmp_path / "c" / "partial.csv").is_file()
+    with removing_new_folders(tmp_path / "d"):  # success: nothing removed
+        (tmp_path / "d").mkdir()
+    assert (tmp_path / "d").is_dir()
+
+
+def test_screen_checks_its_arguments_before_any_progress_bar(tiny_run, tmp_path, capfd):
+    for bad in (["--n", "-1"], ["--seq-len", "0"], ["--bos", "-2"]):
+        assert main(["screen", str(tiny_run), "--out", str(tmp_path / "s" / "screen.html"), *bad]) == 2
+        err = capfd.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "\r" not in err and "%|" not in err, err
+        assert bad[0] in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_bounded_summarises_lists_of_choices():
+    from circuitfade.viz.command import bounded
+
+    assert bounded("short; fine") == "short; fine"
+    names = ", ".join(f"path{i}" for i in range(12))
+    forms = "; ".join(f"form{i}{{x}}" for i in range(17))
+    message = f"invalid 'x'; named: {names}; accepted forms: f; {forms}; see the docs"
+    assert bounded(message, limit=200) == ("invalid 'x'; named: path0, path1, path2, path3, ... (12 in all); "
+                                           "accepted forms: f; form0{x}; form1{x}; form2{x}; form3{x}; ... (13 more); "
+                                           "see the docs")
+    text = bounded(message, limit=120)  # still too long: trailing clauses go
+    assert len(text) <= 120 and text.endswith("form2{x}; ...") and "(12 in all)" in text
+    long = bounded("word " * 500, limit=50)
+    assert len(long) <= 50 and long.endswith("...")

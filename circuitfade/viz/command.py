@@ -32,7 +32,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-MAX_ERROR_CHARS = 300
+MAX_ERROR_CHARS = 400
 """The longest error message :func:`error_line` prints (before the ``--help`` pointer)."""
 
 RESUME_HINT = "finished checkpoints are kept: run the same command again to resume"
@@ -99,15 +99,32 @@ def _shorten_list(clause: str, keep: int = 4) -> str:
     return ", ".join(items[:keep]) + f", ... ({len(items)} in all)"
 
 
+def _shorten_runs(clauses: list[str], keep: int = 4) -> list[str]:
+    """Runs of more than ``keep + 1`` one-word clauses (``"a; b; c; ..."``, a list of choices
+    written with ``;``) as their first ``keep`` and ``"... (N more)"``."""
+    out: list[str] = []
+    run: list[str] = []
+    for c in [*clauses, None]:
+        if c is not None and " " not in c:
+            run.append(c)
+            continue
+        out += run if len(run) <= keep + 1 else [*run[:keep], f"... ({len(run) - keep} more)"]
+        run = []
+        if c is not None:
+            out.append(c)
+    return out
+
+
 def bounded(message: str, limit: int = MAX_ERROR_CHARS) -> str:
     """``message`` on one line of at most ``limit`` characters: whitespace runs become one
-    space; if still too long, each comma-separated list of more than five items keeps its first
-    four (``... (N in all)``), then trailing ``;``-separated clauses are dropped (``; ...``), then
-    the text is cut at a word (``...``)."""
+    space; if still too long, lists of choices are summarised (a comma-separated list of more
+    than five items keeps its first four, ``... (N in all)``; a run of more than five one-word
+    ``;``-separated choices keeps its first four, ``... (N more)``), then trailing
+    ``;``-separated clauses are dropped (``; ...``), then the text is cut at a word (``...``)."""
     text = " ".join(message.split())
     if len(text) <= limit:
         return text
-    clauses = [_shorten_list(c) for c in text.split("; ")]
+    clauses = _shorten_runs([_shorten_list(c) for c in text.split("; ")])
     text = "; ".join(clauses)
     while len(text) > limit and len(clauses) > 1:
         clauses.pop()
