@@ -19,7 +19,10 @@ own study:
 
 Interval rules are three-valued: ``True`` when the whole interval satisfies the bound,
 ``False`` when the whole interval violates it, ``None`` (undecided) when it straddles it
-or is NaN. :func:`grade` maps (full, partial) to an outcome:
+or is NaN. They share the input contract of :mod:`circuitfade.stats`: an inverted interval,
+an infinite bound or a non-number is a ``ValueError``; decisions are Python or numpy booleans
+or ``None`` (anything else is refused), and an empty :func:`all_of` / :func:`any_of` is ``None``.
+:func:`grade` maps (full, partial) to an outcome:
 
 =========================  ==========================  ====================
 full rule                  partial rule                outcome
