@@ -4,6 +4,8 @@ rules, and one tiny end-to-end run of ``circuitfade alignment``."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -181,3 +183,36 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
     mtime = {p.name: p.stat().st_mtime for p in (tmp_path / "jobs").iterdir()}
     report.run(["waiting"], seeds=1, out=tmp_path, workers=1, progress=False, png=False)
     assert {p.name: p.stat().st_mtime for p in (tmp_path / "jobs").iterdir()} == mtime
+
+
+# ------------------------------------------------------------------ the committed report
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "results" / "alignment"
+CARRIED = ("part_ablation_series.csv", "cure_damage.csv")
+"""Tables the rebuild reads instead of recomputing: the developing series' ablations and the damage at the
+switch (their run folders, with checkpoints, are not committed; the finished jobs are)."""
+
+
+def test_committed_results_rebuild_byte_identical_from_the_committed_jobs(tmp_path, capsys):
+    """results/alignment is generated: the documented command on the committed jobs (and the carried tables)
+    writes every committed text file again, byte for byte, and nothing that is not committed."""
+    from studies.common import study_main
+
+    out = tmp_path / "alignment"
+    shutil.copytree(COMMITTED / "jobs", out / "jobs")
+    for name in CARRIED:
+        shutil.copy(COMMITTED / name, out / name)
+    argv = ["--seeds", "5", "--out", str(out), "--with-series", "--quiet", "--no-png"]
+    assert study_main("python -m studies.alignment", report.main, argv) == 0
+    assert "No-partial-credit" in capsys.readouterr().out  # the report is printed too
+    written = {p.name for p in out.iterdir() if p.is_file() and p.suffix != ".html"}
+    committed = {p.name for p in COMMITTED.iterdir() if p.is_file() and p.suffix not in (".png", ".html")}
+    assert written == committed
+    figures = {p.stem for p in out.glob("fig_*.html")}
+    assert figures == {p.stem for p in COMMITTED.glob("fig_*.png")}  # every figure it draws is committed
+    for name in sorted(written):
+        text = (out / name).read_text().replace(str(out), "results/alignment")
+        assert text == (COMMITTED / name).read_text(), f"{name} differs from the committed file"
+    v = pd.read_csv(COMMITTED / "verdicts.csv")
+    assert set(v.protocol.map(report.version_of)) == {1, 2, 3}
+    assert not ((v.verdict == "reproduced") & v.apparatus.str.startswith("pinned (control")).any()
