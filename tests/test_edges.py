@@ -193,3 +193,40 @@ def test_bad_input_is_refused(planted):
         edge_scores(model, clean, corr, objective="accuracy")
     with pytest.raises(ValueError, match="at least 2"):
         counterfactual_batch(clean[:1])
+
+
+def _tl_reference():
+    try:
+        from transformer_lens.tools.analysis.attribution_patching import attribution_patch
+    except ImportError:
+        return None
+    return attribution_patch
+
+
+@pytest.mark.skipif(_tl_reference() is None, reason="TransformerLens without its own attribution patching (4.3 has it)")
+def test_agrees_with_transformer_lens_own_attribution_patching():
+    """TransformerLens 4.3 scores each writer at each position with the gradient at the corrupted
+    run (its edge mode needs per-head results, which the plain bridge lacks). A writer's total over
+    its outgoing edges is its node score, so our EAP with clean and corrupted swapped, summed over
+    a sender's edges, is minus its node score summed over positions."""
+    attribution_patch = _tl_reference()
+    model = compat.plain_model(dict(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=P, d_vocab=V, d_mlp=32,
+                                    act_fn="gelu", seed=5))
+    model.eval()
+    clean = eval_set(CopyTask(), n=4, seed=4)
+    corr = counterfactual_batch(clean)
+
+    def margin(logits, *_):
+        return logits[:, -1, 0] - logits[:, -1, 1]
+
+    ref = attribution_patch(model, clean.tokens, corr.tokens, lambda lg: margin(lg)[0])
+    totals: dict[str, float] = {}
+    for node, score in ref.node_scores.items():
+        name = {"embed": "input", "attn_head_out": f"L{node.layer}H{node.head}", "mlp_out": f"MLP{node.layer}"}[node.kind]
+        totals[name] = totals.get(name, 0.0) + score
+    ours = edge_scores(model, corr, clean, method="eap", objective=margin, resamples=20)
+    per_sender = ours.groupby("sender")["value"].sum()
+    assert set(totals) == set(per_sender.index)
+    ref_values = np.array([totals[s] for s in per_sender.index])
+    assert np.allclose(-per_sender.to_numpy(), ref_values, atol=1e-4), np.abs(per_sender.to_numpy() + ref_values).max()
+    assert np.abs(ref_values).max() > 1e-2
