@@ -478,7 +478,7 @@ def _interval(per_example: np.ndarray, resamples: int, level: float) -> dict[str
     n = per_example.shape[0]
     w = bootstrap_weights(n, resamples, BOOTSTRAP_SEED)
     with np.errstate(invalid="ignore"):
-        boot = (w @ np.nan_to_num(per_example)) / n
+        boot = (w @ per_example) / n  # a non-finite example (a model with non-finite weights) gives NaN
     lo, hi = percentile_interval(boot, level)
     return {"value": per_example.mean(0), "se": boot.std(0, ddof=1), "lo": lo, "hi": hi}
 
@@ -615,8 +615,9 @@ def edge_effects(
     name, fn = _objective(objective)
     g = graph if graph is not None else edge_graph(model)
     clean, corrupted = _check_pair(model, clean, corrupted)
-    sub = g.edges if edges is None else g.edges[g.edges["edge"].isin(list(edges))]
-    if edges is not None and len(sub) != len(set(edges)):
+    edges = None if edges is None else list(dict.fromkeys(edges))
+    sub = g.edges if edges is None else g.edges[g.edges["edge"].isin(edges)]
+    if edges is not None and len(sub) != len(edges):
         unknown = sorted(set(edges) - set(sub["edge"]))
         raise ValueError(f"edges: unknown edge(s) {unknown[:5]}")
     ws = [g.weights([e]) for e in sub["edge"]]
