@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--task", help="task name (assoc, markov, ...; default assoc)")
     t.add_argument("--task-arg", action="append", metavar="KEY=VALUE", help="task parameter, e.g. p=0.2")
     t.add_argument("--path", help="gate path: a named path (unforced, forced_zero, fade600->0, linear0.5->0, "
-                                  "switch@600, posthoc2550, ...) or a schedule spec such as fade600+450->0, "
+                                  "switch@600, ...) or a schedule spec such as fade600+450->0, "
                                   "linear0.5->0@0:1000, switch@1050 or pw(0:0.5,600:0.5,1050:0) "
                                   "(default fade600->0)")
     t.add_argument("--seed", type=int, help="seed (default 0)")
