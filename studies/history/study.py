@@ -283,7 +283,7 @@ def to_markdown(results, summary: pd.DataFrame, hc: HistoryConfig, *, label: str
     under headings taken from their outcomes. ``results``: :class:`SeedResult` objects or their
     ``per_seed.csv`` rows."""
     per_seed = _frame(results)
-    lines = ["# History dependence at a balanced ICL/IWL mix", ""]
+    lines = ["**History dependence at a balanced ICL/IWL mix**", ""]
     if label:
         lines += [f"**{label}**", ""]
     if note:

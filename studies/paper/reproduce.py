@@ -399,7 +399,7 @@ def _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_se
         "existed).",
     ]
     head = [
-        "# circuitfade: reproduction of the main paper" + quick_note,
+        "**circuitfade: reproduction of the main paper**" + quick_note,
         "",
         f"Evaluation: {P.eval_note(b)}. Columns: *zero-gate* = every prior's gate at 0; *normal* = gates as at the "
         "final step (0 for every fade/linear/switch path, so normal = zero-gate there); *param* = sigmoid(gate logit) "
@@ -549,4 +549,12 @@ def main(argv=None) -> int:
                     address=ns.address, quick=ns.quick, large_seeds=ns.large_seeds, seeds_for=seeds_for,
                     train=not ns.tables_only, runs_dir=ns.runs)
     print(res["markdown"])
+    if not ns.quick and set(names) == set(EXPERIMENTS):  # the page's figure, from the same runs as the full report
+        from studies.paper.figures import write_paths_figure
+
+        root = Path(ns.runs) if ns.runs is not None else out / "runs"
+        why = write_paths_figure(lambda cfg: _final(res["results"], root, cfg, "acc_zero"), root, res["tables"],
+                                 range(ns.seeds), out)
+        if why:
+            print(f"fig_paths.png not written: {why}")
     return 0

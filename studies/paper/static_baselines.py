@@ -368,7 +368,7 @@ def to_markdown(results: pd.DataFrame, *, label: str = "", step_ms: pd.DataFrame
     """The experiment's report: static table and removability table per task, and the
     step-time table when ``step_ms`` (from :func:`step_time_ms`) is given."""
     lines = []
-    head = "# Static baselines and removable priors"
+    head = "**Static baselines and removable priors**"
     lines += [head + (f" — {label}" if label else ""), ""]
     if train is not None:
         lines += [f"Matched backbone (attention-only, L=2, d_model=64, 4 heads of 16, ctx 32), AdamW lr {train.lr:g}, "

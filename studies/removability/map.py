@@ -93,11 +93,12 @@ SIGNAL_STEP = _D["continuation"]["signal_step"]
 SIGNAL_PRIMARY = _D["continuation"]["primary"]  # ||P_C g|| / ||g||: scale-free across model sizes
 CLASSES_V1 = ("path decides removability", "mixed", "prior only speeds learning", "no difference",
               "forced_zero better", "too few seeds")
-CLASSES = ("path decides removability", "undecided", "margin below 0.2", "not testable", "too few seeds")
+NOT_TESTABLE = str(Outcome.NOT_TESTABLE)  # the class of a cell on the plateau is the outcome word itself
+CLASSES = ("path decides removability", "undecided", "margin below 0.2", NOT_TESTABLE, "too few seeds")
 """The classes of version 2 (:func:`classify_interval`), with the outcome each means for the cell's
 claim ("the path decides removability here"): :data:`CLASS_OUTCOME`."""
 CLASS_OUTCOME = {"path decides removability": Outcome.REPRODUCED, "undecided": Outcome.INCONCLUSIVE,
-                 "margin below 0.2": Outcome.NOT_REPRODUCED, "not testable": Outcome.NOT_TESTABLE,
+                 "margin below 0.2": Outcome.NOT_REPRODUCED, NOT_TESTABLE: Outcome.NOT_TESTABLE,
                  "too few seeds": Outcome.NOT_RUN}
 FAMILY_ALPHA = 0.05
 RUN_FILES = ("config.json", "metrics.csv", "done.json")
@@ -202,7 +203,7 @@ def classify_interval(lo: float, hi: float, n_paired: int, plateau_all: bool, *,
     if n_paired < 2:
         return "too few seeds"
     if plateau_all:
-        return "not testable"
+        return NOT_TESTABLE
     if any(math.isnan(float(x)) for x in (lo, hi)):
         raise ValueError(f"classify_interval: the interval of {n_paired} paired seeds must be finite, got [{lo}, {hi}]")
     decides = at_least(lo, hi, margin)
@@ -219,7 +220,7 @@ def grid_verdict(cells: pd.DataFrame, *, alpha: float = FAMILY_ALPHA, margin: fl
         f"some cell's margin ≥ {margin} (Bonferroni over the testable cells; fails if every cell's "
         f"Bonferroni interval lies below {margin})"), study="the main paper's contrast, per model and format",
         statistic="fade600->0 − forced_zero zero-gate accuracy per cell", fails_if=f"every testable cell below {margin}")
-    test = cells[~cells["class"].isin(["not testable", "too few seeds"])] if len(cells) else cells
+    test = cells[~cells["class"].isin([NOT_TESTABLE, "too few seeds"])] if len(cells) else cells
     if not len(test):
         return Verdict(claim, "—", Outcome.NOT_TESTABLE, provenance=PROVENANCE[DECLARATION.version])
     lows = [at_least(lo, hi, margin) for lo, hi in zip(test.bonf_lo, test.bonf_hi)]
@@ -428,7 +429,7 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     df = pd.DataFrame(rows)
     if len(df):  # Bonferroni over the testable cells (the family the grid's claim is judged on)
-        testable = ~df["class"].isin(["not testable", "too few seeds"])
+        testable = ~df["class"].isin([NOT_TESTABLE, "too few seeds"])
         level = 1 - FAMILY_ALPHA / max(int(testable.sum()), 1)
         bonf = [paired_t_interval(a, b, level) if t else None for (a, b), t in zip(pairs, testable)]
         df["bonf_lo"] = [math.nan if d is None else d.lo for d in bonf]
@@ -562,6 +563,41 @@ _RULES_TEXT = (
     "SE of a zero-gate accuracy (n = 512 eval sequences) is ≤ 0.022.")
 
 
+def _cells_sections(cells: pd.DataFrame) -> list[str]:
+    """The verdict section (the grid's claim and the class counts) and the cells table."""
+    lines: list[str] = []
+    v = grid_verdict(cells)
+    counts = cells["class"].value_counts()
+    lines += ["## Verdict", "",
+              f"{len(cells)} cells: " + ", ".join(f"{counts[c]} {c}" for c in CLASSES if c in counts)
+              + f" (per cell, 95%). The grid's claim, over the testable cells at once: **{v.word}**.", "",
+              _md(verdict_table([v], columns={"ours": "ours"}).drop(columns=["study"])), "", _RULES_TEXT_V2, ""]
+    show = cells.assign(
+        forced_zero=[f"{_r(m, '{:.2f}')} (n={n})" for m, n in zip(cells.fz_mean, cells.fz_n)],
+        fade=[f"{_r(m, '{:.2f}')} (n={n})" for m, n in zip(cells.fade_mean, cells.fade_n)],
+        margin=[f"{_r(m, '{:+.3f}')} [{_r(a, '{:+.3f}')}, {_r(b, '{:+.3f}')}]"
+                for m, a, b in zip(cells.margin_mean, cells.margin_lo, cells.margin_hi)],
+        bonferroni=[f"[{_r(a, '{:+.2f}')}, {_r(b, '{:+.2f}')}]" for a, b in zip(cells.bonf_lo, cells.bonf_hi)],
+        plateau=[f"{_r(a, '{:.2f}')} / {_r(b, '{:.2f}')}" for a, b in zip(cells.fz_plateau_frac,
+                                                                         cells.fade_plateau_frac)],
+        fade_first=[f"{a} of {n}" for a, n in zip(cells.n_fade_earlier, cells.n_paired)],
+    ).rename(columns={"class_v1": "class v1", "fade_first": "fade first", "plateau": "plateau fz / fade",
+                      "bonferroni": "Bonferroni interval"})
+    lines += ["## Cells (zero-gate accuracy at the end of the budget)", "",
+              _md(show[["model", "task", "steps", "forced_zero", "fade", "margin", "Bonferroni interval",
+                        "plateau fz / fade", "fade first", "class", "class v1"]]), "",
+              "forced_zero, fade: mean zero-gate accuracy over seeds; margin: mean [95% paired t]; plateau: "
+              f"fraction of seeds with zero-gate acc < {PLATEAU_ACC}; per-seed values, standard deviations and "
+              "times to threshold are in map_cells.csv.", ""]
+    for cls in CLASSES:
+        sub = cells[cells["class"] == cls]
+        if len(sub):
+            lines.append(f"- **{cls}**: " + "; ".join(
+                f"{r.model} × {r.task}, {r.steps} steps" for r in sub.itertuples()))
+    lines.append("")
+    return lines
+
+
 def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str], *, sig: pd.DataFrame | None = None,
                      tests: pd.DataFrame | None = None, missing_ckpt: Sequence[str] = (), expected: int | None = None,
                      command: str = "") -> str:
@@ -569,35 +605,7 @@ def results_markdown(runs: pd.DataFrame, cells: pd.DataFrame, problems: list[str
     lines = ["<!-- written by python -m studies.removability; rebuilt by `python -m studies.removability --tables-only` -->",
              ""]
     if len(cells):
-        v = grid_verdict(cells)
-        counts = cells["class"].value_counts()
-        lines += ["## Verdict", "",
-                  f"{len(cells)} cells: " + ", ".join(f"{counts[c]} {c}" for c in CLASSES if c in counts)
-                  + f" (per cell, 95%). The grid's claim, over the testable cells at once: **{v.word}**.", "",
-                  _md(verdict_table([v], columns={"ours": "ours"}).drop(columns=["study"])), "", _RULES_TEXT_V2, ""]
-        show = cells.assign(
-            forced_zero=[f"{_r(m, '{:.2f}')} (n={n})" for m, n in zip(cells.fz_mean, cells.fz_n)],
-            fade=[f"{_r(m, '{:.2f}')} (n={n})" for m, n in zip(cells.fade_mean, cells.fade_n)],
-            margin=[f"{_r(m, '{:+.3f}')} [{_r(a, '{:+.3f}')}, {_r(b, '{:+.3f}')}]"
-                    for m, a, b in zip(cells.margin_mean, cells.margin_lo, cells.margin_hi)],
-            bonferroni=[f"[{_r(a, '{:+.2f}')}, {_r(b, '{:+.2f}')}]" for a, b in zip(cells.bonf_lo, cells.bonf_hi)],
-            plateau=[f"{_r(a, '{:.2f}')} / {_r(b, '{:.2f}')}" for a, b in zip(cells.fz_plateau_frac,
-                                                                             cells.fade_plateau_frac)],
-            fade_first=[f"{a} of {n}" for a, n in zip(cells.n_fade_earlier, cells.n_paired)],
-        ).rename(columns={"class_v1": "class v1", "fade_first": "fade first", "plateau": "plateau fz / fade",
-                          "bonferroni": "Bonferroni interval"})
-        lines += ["## Cells (zero-gate accuracy at the end of the budget)", "",
-                  _md(show[["model", "task", "steps", "forced_zero", "fade", "margin", "Bonferroni interval",
-                            "plateau fz / fade", "fade first", "class", "class v1"]]), "",
-                  "forced_zero, fade: mean zero-gate accuracy over seeds; margin: mean [95% paired t]; plateau: "
-                  f"fraction of seeds with zero-gate acc < {PLATEAU_ACC}; per-seed values, standard deviations and "
-                  "times to threshold are in map_cells.csv.", ""]
-        for cls in CLASSES:
-            sub = cells[cells["class"] == cls]
-            if len(sub):
-                lines.append(f"- **{cls}**: " + "; ".join(
-                    f"{r.model} × {r.task}, {r.steps} steps" for r in sub.itertuples()))
-        lines.append("")
+        lines += _cells_sections(cells)
     if len(runs):
         lines += ["## Runs", "", _md(runs[["run", "model", "task", "path", "seed", "acc_zero", "se_zero",
                                            "acc_normal", "t50", "plateau", "seconds"]]), ""]
