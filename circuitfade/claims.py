@@ -13,6 +13,10 @@ own study:
   :class:`Outcome`.
 * :class:`Verdict` (a claim, our value, its outcome) and :func:`verdict_table`, the one
   table builder every study uses.
+* :class:`Provenance` - when a claim's rule was written relative to its results (declared
+  before the runs, declared after the results, restated after the results, not declared); a
+  verdict also states the seeds its arms ran on against the seeds declared
+  (:meth:`Verdict.checked_seeds`: a claim short of them is "not run (k of n seeds)").
 * :class:`Declaration` - a study's scan grids, seed counts, arms and rules as data, with a
   content hash that results record (:meth:`Declaration.sha256`): changing a declaration after
   results exist means a new version, never an edit.
