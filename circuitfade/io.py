@@ -556,14 +556,16 @@ def check_state_dict(
         for k in expected
         if k in loaded and keep(k) and loaded[k].shape != expected[k].shape
     ]
+    def dtype_differs(found, want) -> bool:
+        if exact_dtype and found is not None and want is not None:
+            return found != want
+        return not dtype_fits(found, want)
+
     dtypes = [
         f"{k}: file {getattr(loaded[k], 'dtype', None)} vs model {getattr(expected[k], 'dtype', None)}"
         for k in expected
         if k in loaded and keep(k)
-        and not dtype_fits(getattr(loaded[k], "dtype", None), getattr(expected[k], "dtype", None))
-        or exact_dtype and k in loaded and keep(k) and None not in (getattr(loaded[k], "dtype", None),
-                                                                    getattr(expected[k], "dtype", None))
-        and loaded[k].dtype != expected[k].dtype
+        and dtype_differs(getattr(loaded[k], "dtype", None), getattr(expected[k], "dtype", None))
     ]
     problems = []
     if missing:
@@ -589,8 +591,8 @@ def check_finite(tensors: Mapping[str, torch.Tensor], source: str, *, skip: tupl
         finite = torch.isfinite(t)
         if not bool(finite.all()):
             bad = t[~finite]
-            kinds = " and ".join(w for w, n in (("NaN", int(torch.isnan(bad).sum())), ("inf", int(torch.isinf(bad).sum())))
-                                 if n)
+            counts = (("NaN", int(torch.isnan(bad).sum())), ("inf", int(torch.isinf(bad).sum())))
+            kinds = " and ".join(w for w, n in counts if n)
             raise CheckpointError(f"{source}: tensor {name} holds {int((~finite).sum())} {kinds} values "
                                   f"(of {t.numel()}); weights that are not finite cannot be analysed")
 

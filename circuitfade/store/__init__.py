@@ -24,8 +24,8 @@ constructor: :func:`from_run`, :func:`from_hf`, :func:`from_state_dicts`,
    ``model_type``/``architectures`` and weights written by ``save_pretrained``);
 3. a **folder of Hugging Face model directories**, one per revision
    (``step1000/``, ``step2000/``, ...; :func:`load_hf_local`);
-4. a **folder of state-dict files** (``.pt``/``.pth``/``.bin``/``.safetensors``)
-   of a ``HookedTransformer`` (or ``SoftPriorTransformer``) whose config is given
+4. a **folder of state-dict files** (``.pt``/``.pth``/``.bin``/``.safetensors``, and
+   PyTorch Lightning ``.ckpt``) of a TransformerLens model (or ``SoftPriorTransformer``) whose config is given
    with ``config=`` or sits next to them as ``config.json``; a single such file; a
    list of such files; a dict ``{step: file}``;
 5. **in-memory models**: one model, a list/tuple (steps ``0..n-1`` unless
@@ -36,22 +36,26 @@ when it records one (a full training checkpoint's ``step`` entry, which must agr
 with the name); else from the name (:func:`step_from_name`): the number after
 ``step``/``iter`` (``step100_acc0.98.pt`` -> 100, ``epoch3_step100.pt`` -> 100), else
 after ``checkpoint``/``ckpt``/``model`` (``ckpt-100``, ``model_100.pt``,
-``checkpoint-100/``), else the only integer in the name (``revision-2000/`` -> 2000).
-A name where that is ambiguous (``run3_seed1.pt``) is refused with a message showing
-``steps=`` and ``step_pattern=`` (a regex whose group is the step). Files are ordered
-by the natural sort of their names; :data:`NAMING_SCHEMES` lists the tested schemes.
+``checkpoint-100/``), else the only other whole number (``revision-2000/`` -> 2000,
+``model_2L_300.pt`` -> 300: digits that belong to a word, ``2L``, ``v2``, ``bf16``, are never
+a step; ``1k``/``2.5k`` are 1000/2500). A name where that is ambiguous (``run_3_seed_1.pt``)
+or that states only an epoch (``checkpoint_epoch_3.pt``, unless ``steps_per_epoch=``) is
+refused with a message showing ``steps=`` and ``step_pattern=`` (a regex whose group is the
+step); a file whose name states no step beside numbered ones (``model_final.pt``) is left
+out with a warning. Files are ordered by the natural sort of their names;
+:data:`NAMING_SCHEMES` lists the tested schemes.
 
 Validation is **eager and cheap**: :func:`attach` reads every state-dict file's
 *header* (names, shapes and dtypes; safetensors header or a memory-mapped weights-only
 ``torch.load``, no tensor data) and checks it against the config, and reads every
 Hugging Face ``config.json``, so a foreign, truncated, pickled-code, wrongly-shaped or
-re-typed (``int64``/``bool``) state-dict file, a dangling symlink or a directory under a
+re-typed (any other dtype than the config's) state-dict file, a dangling symlink or a directory under a
 checkpoint's name fails at attach time with a :class:`~circuitfade.io.CheckpointError`
 naming the file. The one exception: the weight files of Hugging Face revision folders are
 read when each revision is loaded (so a folder of public revisions with a broken one still
 attaches, for :func:`~circuitfade.store.revisions.sound_revisions` to report and skip);
 :func:`check_series_weights` reads their headers up front, as ``circuitfade analyze`` does.
-Weights are read in full (and checked again) only when a snapshot is loaded. Nothing here touches the network: Hugging Face folders are
+Weights are read in full (and checked again, NaN and inf refused) only when a snapshot is loaded. Nothing here touches the network: Hugging Face folders are
 read with ``local_files_only=True`` and a hub id is never passed anywhere.
 
 :func:`trace` maps metric functions over a series into one tidy DataFrame with

@@ -244,7 +244,8 @@ def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str, *,
                 raise CheckpointError(f"{p}: {e}; {STEP_HINT}") from None
             s = None
         if rec is not None:
-            stated = s is not None and (step_pattern is not None or any(_numbers(name)[w] for w in ("step", "checkpoint")))
+            stated = s is not None and (step_pattern is not None
+                                        or any(_numbers(name)[w] for w in ("step", "checkpoint")))
             if stated and s != rec:
                 raise CheckpointError(f"{p}: the name says step {s} but the file records step {rec}; one of them "
                                       f"is wrong (pass steps=[...] to label the files yourself)")
@@ -533,7 +534,7 @@ def _weight_files(folder: Path, pattern: str | None) -> list[Path]:
 # --------------------------------------------------------------------------------------
 _ACCEPTED = (
     "a circuitfade run directory; a local Hugging Face model directory; a folder of Hugging Face "
-    "model directories (one per revision); a folder of .pt/.pth/.bin/.safetensors state dicts (with "
+    "model directories (one per revision); a folder of .pt/.pth/.bin/.safetensors/.ckpt state dicts (with "
     "config=); a state-dict file or a list of them; a dict {step: file}; a model, a list/tuple of "
     "models or a dict {step: model} (HookedTransformer / SoftPriorTransformer / any nn.Module)"
 )
