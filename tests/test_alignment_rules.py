@@ -380,3 +380,29 @@ def test_forced_outcomes_are_never_reproduced_in_version_1_tables():
                                                 "at stationarity") == "forced by the apparatus"
     ign = forced_v1(_ignition(True), "ignition")
     assert (ign.verdict == "forced by the apparatus").sum() == 1
+
+
+def test_provenance_follows_the_declaration_and_the_runs_it_grades():
+    from studies.alignment.protocol import provenance_of, stamp
+
+    assert str(provenance_of(stamp("parts", 1), "pinned")) == "restated after the results"
+    assert str(provenance_of(stamp("parts", 2), "unpinned")) == "declared before the runs"
+    assert str(provenance_of(stamp("cure", 2), "pinned (v1 runs), W = 30000")) == "declared after the results"
+    assert str(provenance_of(stamp("parts", 2), "developing series (local induction model)")) == \
+        "declared after the results"
+    assert str(provenance_of(stamp("cure", 3), "unpinned, W = 10000")) == "declared after the results"
+
+
+def test_the_committed_verdicts_label_what_the_apparatus_forced():
+    from pathlib import Path
+
+    v = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "alignment" / "verdicts.csv")
+    ablation = v.claim.str.contains("partial credit|non-part head")
+    pinned_parts = v[ablation & v.apparatus.str.startswith("pinned") & v.protocol.str.startswith("alignment.parts")]
+    assert len(pinned_parts) == 5 and set(pinned_parts.verdict) == {"forced by the apparatus"}
+    yaida = v[v.claim.str.contains("Yaida")]
+    assert list(yaida.verdict) == ["forced by the apparatus"]
+    v3 = v[v.protocol.str.contains(" v3 ")]
+    assert set(v3.provenance) == {"declared after the results"}
+    unpinned_v3 = v3[v3.apparatus == "unpinned"]
+    assert set(unpinned_v3.verdict) == {"not testable (parts not identified)"}
