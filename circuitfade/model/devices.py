@@ -18,7 +18,7 @@ import sys
 import torch
 
 __all__ = ["DEVICES", "check_device_name", "resolve_device", "to_device", "keep_freed_memory",
-           "KEEP_HEAP_ENV", "HEAP_MMAP_THRESHOLD", "HEAP_TRIM_THRESHOLD"]
+           "KEEP_HEAP_ENV", "HEAP_MMAP_THRESHOLD", "HEAP_TRIM_THRESHOLD", "machine"]
 
 DEVICES = ("cpu", "cuda", "mps", "auto")
 _NAME = re.compile(r"^(cpu|cuda|mps|auto)(:\d+)?$")
@@ -121,3 +121,29 @@ def keep_freed_memory() -> bool:
     _heap_kept = mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD,
                                                                                   HEAP_TRIM_THRESHOLD) == 1
     return _heap_kept
+
+
+def machine() -> dict:
+    """What a speed figure measured here depends on: CPU model, cores, torch version, its BLAS and
+    the vector instructions its kernels use (``ATEN_CPU_CAPABILITY`` may lower them), and the GPU
+    if one is used. Benchmarks and calibrations record this beside every figure."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    info = {"cpu": cpu, "cores": os.cpu_count() or 1, "torch": torch.__version__,
+            "blas": blas.group(1) if blas else "unknown",
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "mkl_cbwr": os.environ.get("MKL_CBWR", ""), "python": platform.python_version()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info

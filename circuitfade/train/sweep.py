@@ -53,7 +53,7 @@ from circuitfade.train.loop import branch_config
 __all__ = ["run_key", "run_dir_for", "child_of", "execute", "execute_job", "execute_ensemble", "run_sweep",
            "plan_jobs", "check_ray_address", "EXECUTORS"]
 
-EXECUTORS = ("local", "ensemble", "ray", "serial")
+EXECUTORS = ("local", "ensemble", "auto", "ray", "serial")
 RAY_CONNECT_TIMEOUT_S = 5.0  # an --address where nothing answers fails after this long
 RAY_MAX_RETRIES = 1  # a Ray task whose worker dies is tried once more, then reported failed
 
@@ -190,9 +190,22 @@ def run_sweep(
     :func:`~circuitfade.train.ensemble.default_ensemble_size` of the runs' device). With
     ``executor="ray"`` and an ``address``, an address where nothing answers within
     :data:`RAY_CONNECT_TIMEOUT_S` seconds raises ``ValueError`` (one line) before any work.
+    ``executor="auto"``: the ensemble or the local pool, whichever
+    :func:`~circuitfade.train.calibrate.choose_executor` measured faster on this machine for
+    these runs' shape (cached; a few seconds the first time), with its ensemble size unless
+    ``ensemble_size`` is given.
     """
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
+    if executor == "auto":
+        from circuitfade.train.calibrate import choose_executor
+
+        configs = list(configs)
+        choice = choose_executor(configs)
+        if progress:
+            tqdm.write(choice.describe())
+        executor = choice.executor
+        ensemble_size = ensemble_size or choice.members
     if ensemble_size is not None and (isinstance(ensemble_size, bool) or not isinstance(ensemble_size, int)
                                       or ensemble_size < 1):
         raise ValueError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
