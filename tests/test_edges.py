@@ -230,3 +230,42 @@ def test_agrees_with_transformer_lens_own_attribution_patching():
     ref_values = np.array([totals[s] for s in per_sender.index])
     assert np.allclose(-per_sender.to_numpy(), ref_values, atol=1e-4), np.abs(per_sender.to_numpy() + ref_values).max()
     assert np.abs(ref_values).max() > 1e-2
+
+
+def _edge_trace(steps=(0, 100)):
+    """A trace-shaped frame of edge scores for a tiny plain model: value = a known number per edge."""
+    model = compat.plain_model(dict(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=6, d_vocab=7, d_mlp=32))
+    edges = edge_graph(model).edges
+    frames = []
+    for i, s in enumerate(steps):
+        f = edges.copy()
+        f["value"] = np.arange(len(f), dtype=float) * (1 if i == 0 else -1) / len(f)
+        f["lo"], f["hi"] = f["value"] - 0.1, f["value"] + 0.1
+        f["step"], f["metric"] = s, "edge_attribution"
+        frames.append(f)
+    return pd.concat(frames, ignore_index=True), len(edges)
+
+
+def test_figures_show_the_top_edges_per_step():
+    from circuitfade.viz.circuits import circuit_graph, edge_heatmap, faithfulness_figure
+
+    traced, n = _edge_trace()
+    fig = circuit_graph(traced, k=5)
+    edge_traces = [t for t in fig.data if t.name != "nodes"]
+    assert len(edge_traces) == 10 and len(fig.layout.sliders[0].steps) == 2
+    shown = [t.name for t in edge_traces if t.visible]
+    assert shown == top_edges(traced[traced["step"] == 100], 5)          # the last step is shown first
+    assert {t.line.color for t in edge_traces if t.visible} == {"#b2182b"}  # negative scores in red
+    widths = [t.line.width for t in edge_traces if t.visible]
+    assert widths[0] == pytest.approx(10.0) and widths == sorted(widths, reverse=True)
+    one = circuit_graph(traced, k=3, step=0)
+    assert [t.name for t in one.data if t.name != "nodes"] == top_edges(traced[traced["step"] == 0], 3)
+    with pytest.raises(ValueError, match="step 7"):
+        circuit_graph(traced, step=7)
+    heat = edge_heatmap(traced, top=4)
+    assert np.asarray(heat.data[0].z).shape == (4, 2) and list(heat.data[0].x) == ["0", "100"]
+    assert heat.data[0].y[0] == traced["edge"].iloc[n - 1]                # the largest |score| first
+    curve = pd.DataFrame({"k": [0, 2, 4, 8], "recovered": [0.0, 0.5, 0.9, 1.0]})
+    star = faithfulness_figure(curve, fraction=0.8).data[-1]
+    assert list(star.x) == [4] and "4 edges" in star.name
+    assert smallest_circuit(curve, 0.95)["k"] == 8 and smallest_circuit(curve.iloc[:3], 0.95)["k"] is None
