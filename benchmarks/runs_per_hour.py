@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_files import command_line, write_outputs
+from results_files import command_line, with_machine_line, write_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = "4932890"  # main when the answer-position path was started
@@ -71,7 +71,7 @@ def main(argv=None) -> dict:
         from circuitfade.io import write_text
 
         saved = json.loads(Path(args.render).read_text())
-        write_text(Path(args.render).with_suffix(".md"), markdown(saved))
+        write_text(Path(args.render).with_suffix(".md"), with_machine_line(markdown(saved), saved))
         return saved
     if args.pairs < 1 or args.steps < 1:
         raise SystemExit("--pairs and --steps must be >= 1")

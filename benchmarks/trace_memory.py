@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_files import command_line, write_outputs
+from results_files import command_line, with_machine_line, write_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -173,7 +173,7 @@ def main(argv=None) -> dict:
         from circuitfade.io import write_text
 
         saved = json.loads(Path(args.render).read_text())
-        write_text(Path(args.render).with_suffix(".md"), markdown(saved))
+        write_text(Path(args.render).with_suffix(".md"), with_machine_line(markdown(saved), saved))
         return saved
     if args.child:
         mode, folder, k = args.child[0], Path(args.child[1]), int(args.child[2])
