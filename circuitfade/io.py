@@ -424,7 +424,20 @@ def _torch_load(path: Path, *, mmap: bool):
     except (EOFError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or foreign file?): {e}") from None
     except Exception as e:  # torch.load's weights_only unpickler raises UnpicklingError for pickled code
-        raise CheckpointError(f"{path}: refused to load (not a plain weights file): {e}") from None
+        raise CheckpointError(f"{path}: refused to load (not a plain weights file): {_pickle_reason(e, path)}") from None
+
+
+def _pickle_reason(e: Exception, path: Path) -> str:
+    """One line for torch's (multi-line) weights-only refusal: the object it would have had to run,
+    and for a Lightning ``.ckpt`` (whose ``hyper_parameters`` may hold such objects) the way out."""
+    m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+    what = f"it holds a pickled {m.group(1)} object, which loading without running code cannot build" if m else \
+        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if path.suffix.lower() == ".ckpt":
+        what += ("; if it is a PyTorch Lightning checkpoint whose hyper_parameters hold such objects, save its "
+                 "weights alone from a copy you trust: torch.save(torch.load(f, weights_only=False)['state_dict'], "
+                 "'model.pt')")
+    return what
 
 
 def _suffix(path: Path) -> str:

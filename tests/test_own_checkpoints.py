@@ -275,6 +275,19 @@ def test_lightning_checkpoints_attach_with_their_steps_and_prefix(tmp_path):
     assert attach(tmp_path / "epoch=0-step=100.ckpt", config=tiny_cfg()).steps == [100]
 
 
+def test_a_lightning_checkpoint_with_pickled_objects_is_refused_in_one_line_with_the_way_out(tmp_path):
+    import argparse
+
+    ckpt = lightning_checkpoint(tiny_model(1), 0, 100)
+    ckpt["hyper_parameters"]["args"] = argparse.Namespace(lr=1e-3)  # save_hyperparameters() of parsed args
+    torch.save(ckpt, tmp_path / "epoch=0-step=100.ckpt")
+    with pytest.raises(CheckpointError) as e:
+        attach(tmp_path / "epoch=0-step=100.ckpt", config=tiny_cfg())
+    msg = str(e.value)
+    assert "\n" not in msg and "step=100.ckpt: refused to load" in msg
+    assert "argparse.Namespace" in msg and "['state_dict']" in msg
+
+
 def test_a_head_split_the_file_records_is_checked(tmp_path):
     f = tmp_path / "epoch=0-step=100.ckpt"
     torch.save(lightning_checkpoint(tiny_model(1), 0, 100, {"n_heads": 2, "d_head": 8}), f)
