@@ -301,14 +301,32 @@ def _others_finish_as_single_runs(cfgs, dirs, tmp_path, failed: int) -> None:
     assert not (dirs[failed] / "failed.json").exists() and not (dirs[failed] / "done.json").exists()
 
 
+def _renumber(d: Path, old: int, new: int) -> None:
+    """Step ``old``'s checkpoint of run ``d`` rewritten as a valid checkpoint of step ``new``
+    (names, ``step`` metadata, checksums and the state's record of its weights all agree)."""
+    from circuitfade.io import CHECKSUM_KEY, save_tensors
+
+    ck = d / "checkpoints"
+    bound = None
+    for state in (False, True):
+        f = ck / f"step_{old:06d}{'.state' if state else ''}.safetensors"
+        with safe_open(str(f), "pt") as g:
+            t, meta = {k: g.get_tensor(k) for k in g.keys()}, dict(g.metadata())
+        meta["step"] = str(new)
+        if state:
+            meta["weights_checksum"] = bound
+        target = save_tensors(ck / f.name.replace(f"{old:06d}", f"{new:06d}"), t, metadata=meta)
+        with safe_open(str(target), "pt") as g:
+            bound = g.metadata()[CHECKSUM_KEY]
+        f.unlink()
+
+
 @exact
 def test_a_member_with_a_checkpoint_past_its_end_fails_alone_naming_the_file(tmp_path):
     cfgs = dir_configs()
     dirs = [tmp_path / f"e{i}" for i in range(3)]
     _cut(cfgs, dirs)
-    for state in (False, True):
-        name = f"step_000010{'.state' if state else ''}.safetensors"
-        (dirs[1] / "checkpoints" / name).rename(dirs[1] / "checkpoints" / name.replace("000010", "000040"))
+    _renumber(dirs[1], 10, 40)  # a valid checkpoint, of a step past the member's end (24)
     with pytest.raises(CheckpointError) as single:
         train(cfgs[1], dirs[1], progress=False)
     outs = train_ensemble(cfgs, dirs)
@@ -382,6 +400,21 @@ def test_a_finished_member_holds_no_lock_while_the_others_train(tmp_path):
     outs = train_ensemble(cfgs, dirs, logger=look)
     assert [o.status for o in outs] == [MemberStatus.DONE] * 3
     assert seen == {0: (True, False), 1: (True, False), 2: (False, True)}
+
+
+@exact
+def test_the_sweep_worker_reports_one_bad_member_and_the_others_done(tmp_path):
+    """``execute_ensemble`` (the ensemble executor's worker) on three members of which one holds a
+    checkpoint past its end: that member is failed, naming the file; the two others are done."""
+    from circuitfade.train.sweep import execute_ensemble
+
+    cfgs = dir_configs()
+    dirs = [tmp_path / f"e{i}" for i in range(3)]
+    _cut(cfgs, dirs)
+    _renumber(dirs[1], 10, 40)
+    rows = execute_ensemble([c.to_dict() for c in cfgs], [str(d) for d in dirs])
+    assert [r["status"] for r in rows] == ["done", "failed", "done"]
+    assert "step_000040.safetensors" in rows[1]["error"] and rows[0]["step"] == rows[2]["step"] == 24
 
 
 def test_a_stopped_ensemble_reports_its_finished_members_as_finished(tmp_path, monkeypatch):
