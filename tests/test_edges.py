@@ -203,7 +203,8 @@ def _tl_reference():
     return attribution_patch
 
 
-@pytest.mark.skipif(_tl_reference() is None, reason="this TransformerLens has no transformer_lens.tools.analysis.attribution_patching")
+@pytest.mark.skipif(_tl_reference() is None,
+                    reason="this TransformerLens has no transformer_lens.tools.analysis.attribution_patching")
 def test_agrees_with_transformer_lens_own_attribution_patching():
     """TransformerLens's own attribution patching scores each writer at each position with the
     gradient at the corrupted run (its edge mode needs per-head results, which the plain bridge lacks). A writer's total over
