@@ -182,9 +182,10 @@ def edge_heatmap(traced: pd.DataFrame, *, top: int = 30, metric: str = EDGE_ATTR
                 iv = f" [{_num(row['lo'])}, {_num(row['hi'])}]" if "lo" in row.index else ""
                 text[i][j] = f"{e} step {s}: {_num(row['value'])}{iv}"
     lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
-    fig = go.Figure(go.Heatmap(z=z, x=[str(s) for s in steps], y=edges, text=text, hovertemplate="%{text}<extra></extra>",
-                               colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim, colorbar=dict(title=dict(text="edge score<br>(objective drop<br>when patched)", side="right"), thickness=18),
-                               xgap=1, ygap=1))
+    colorbar = dict(title=dict(text="edge score<br>(objective drop<br>when patched)", side="right"), thickness=18)
+    fig = go.Figure(go.Heatmap(z=z, x=[str(s) for s in steps], y=edges, text=text,
+                               hovertemplate="%{text}<extra></extra>", colorscale="RdBu", zmid=0, zmin=-lim,
+                               zmax=lim, colorbar=colorbar, xgap=1, ygap=1))
     fig.update_layout(meta={"kind": "edge_heatmap"}, title=dict(text=f"top {len(edges)} edges across checkpoints"),
                       xaxis=dict(title=dict(text=STEP_TITLE), type="category"),
                       yaxis=dict(title=dict(text="edge"), autorange="reversed"),
