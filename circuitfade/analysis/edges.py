@@ -17,8 +17,10 @@ prior: a bilinear form of the token embeddings) is a path of its own from the in
 head's attention pattern that bypasses the residual stream; it is the edge
 ``input -> L{l}H{h}.content`` (receiver ``blocks.{l}.attn.hook_content_bias``, kind
 ``"prior"``). Priors that do not depend on the tokens (``pos``) carry the same bias on clean
-and corrupted inputs, so no edge of theirs can carry a difference; gates are weights, not
-activations: analyse a gate condition by running under it (``gates=``).
+and corrupted inputs, so no edge of theirs can carry a difference; priors computed from the
+attention scores (``cope``, ``dape``) follow the head's own query and key, so they are part of
+its q and k edges; gates are weights, not activations: analyse a gate condition by running
+under it (``gates=``).
 
 Every function compares a **clean** batch with a **corrupted** one (same shape, e.g.
 :func:`counterfactual_batch`) through a per-example **objective** of the logits
