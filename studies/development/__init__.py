@@ -7,5 +7,7 @@ a head-output participation-ratio timeline. The study runs the library's screen
 (:func:`circuitfade.viz.screens.run`) on the local developing series
 (:func:`circuitfade.train.recipes.build_local_series`, trained here, no download) or on any
 series given with ``--series`` (e.g. a folder of Pythia revisions), and writes
-``results/development/``. Module: :mod:`.study`.
+``results/development/`` as one unit (:mod:`studies.common`): a run that fails or is interrupted
+leaves the previous results whole and keeps its own files aside, and the same command resumes
+from them. Module: :mod:`.study`.
 """
