@@ -51,9 +51,12 @@ from circuitfade.train.jobs import LOST_WORKER, run_jobs
 from circuitfade.train.loop import branch_config
 
 __all__ = ["run_key", "run_dir_for", "child_of", "execute", "execute_job", "execute_ensemble", "run_sweep",
-           "plan_jobs", "check_ray_address", "EXECUTORS"]
+           "plan_jobs", "check_ray_address", "EXECUTORS", "EXECUTOR_HELP"]
 
 EXECUTORS = ("local", "ensemble", "auto", "ray", "serial")
+EXECUTOR_HELP = ("auto (default: the ensemble where it measured faster on this machine for these runs' shape, else the "
+                 "local pool; cached), ensemble (runs of one shape as stacked models, members identical to their single "
+                 "runs), local process pool, ray or serial; CIRCUITFADE_EXECUTOR=local|ensemble forces auto's choice")
 RAY_CONNECT_TIMEOUT_S = 5.0  # an --address where nothing answers fails after this long
 RAY_MAX_RETRIES = 1  # a Ray task whose worker dies is tried once more, then reported failed
 

@@ -24,7 +24,7 @@ from circuitfade.claims import grade as claim_grade
 from circuitfade.io import check_outputs, write_csv, write_text
 from circuitfade.tasks import make_task
 from circuitfade.train import RunConfig
-from circuitfade.train.sweep import EXECUTORS, run_dir_for, run_sweep
+from circuitfade.train.sweep import EXECUTOR_HELP, EXECUTORS, run_dir_for, run_sweep
 from circuitfade.viz.html import Section, write_page
 from studies.paper import protocol as P
 from studies.paper import rules
@@ -520,8 +520,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=DEFAULT_OUT,
                     help=f"output folder (default {DEFAULT_OUT}; runs are cached in OUT/runs)")
     ap.add_argument("--force", action="store_true", help="replace results.md and the tables if OUT has them")
-    ap.add_argument("--executor", choices=list(EXECUTORS), default="ensemble",
-                    help="ensemble (default: runs of one shape as stacked models, split over the workers; measured faster, members identical to their single runs), local process pool, ray or serial")
+    ap.add_argument("--executor", choices=list(EXECUTORS), default="auto",
+                    help=EXECUTOR_HELP)
     ap.add_argument("--address", help="Ray cluster address (with --executor ray)")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--quick", action="store_true", help="360-step runs: minutes, for trying it out / CI")

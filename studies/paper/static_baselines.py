@@ -49,7 +49,7 @@ from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.model.priors import PRIORS
 from circuitfade.tasks import AssocRecall, make_task
 from circuitfade.train import RunConfig, TrainConfig
-from circuitfade.train.sweep import EXECUTORS, run_dir_for, run_sweep
+from circuitfade.train.sweep import EXECUTOR_HELP, EXECUTORS, run_dir_for, run_sweep
 from circuitfade.train.timing import adamw_step, median_ms, time_steps, torch_threads
 
 __all__ = [
@@ -467,7 +467,7 @@ def run(
     seeds: int | Sequence[int],
     out: str | Path,
     *,
-    executor: str = "ensemble",
+    executor: str = "auto",
     workers: int | None = None,
     quick: bool = False,
     tasks: Sequence[str] = ("assoc", "markov", "linreg"),
@@ -512,8 +512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--methods", nargs="+", default=None, choices=list(STATIC_METHODS))
     ap.add_argument("--fade-priors", nargs="*", default=list(FADE_PRIORS))
-    ap.add_argument("--executor", default="ensemble", choices=list(EXECUTORS),
-                    help="ensemble (default: runs of one shape as stacked models, split over the workers; measured faster, members identical to their single runs), local process pool, ray or serial")
+    ap.add_argument("--executor", default="auto", choices=list(EXECUTORS),
+                    help=EXECUTOR_HELP)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--timing", action="store_true", help="also measure ms per training step per prior")
     ap.add_argument("--no-progress", action="store_true")

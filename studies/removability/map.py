@@ -68,7 +68,7 @@ from circuitfade.io import atomic_write, check_outputs, read_json, write_json
 from circuitfade.store import open_run
 from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
-from circuitfade.train.sweep import EXECUTORS, run_sweep
+from circuitfade.train.sweep import EXECUTOR_HELP, EXECUTORS, run_sweep
 from circuitfade.viz.report import markdown_table
 from circuitfade.stats import paired_t_interval
 from circuitfade.stats import t_interval as _t
@@ -699,8 +699,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seeds with an unforced run (default 0; none: give the flag alone)")
     ap.add_argument("--steps", type=int, nargs="+", default=list(_D["steps"]), help=f"budgets (default {_D['steps']})")
     ap.add_argument("--workers", type=int, help="parallel training runs (default: one per core)")
-    ap.add_argument("--executor", choices=list(EXECUTORS), default="ensemble",
-                    help="ensemble (default: runs of one shape as stacked models, split over the workers; measured faster, members identical to their single runs), local process pool, ray or serial")
+    ap.add_argument("--executor", choices=list(EXECUTORS), default="auto",
+                    help=EXECUTOR_HELP)
     ap.add_argument("--timing", help="the sweep's result CSV (columns run, seconds, status) for per-run seconds")
     ap.add_argument("--continuation", action="store_true", help="also measure the continuation signal on the "
                     "runs' checkpoints (under --runs) and test it as a predictor")
