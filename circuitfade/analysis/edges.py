@@ -548,7 +548,9 @@ def edge_scores(
         diff = (a_clean - a_corr).detach()
         s_idx = torch.tensor(g.edges["s"].to_numpy(), device=diff.device)
         r_idx = torch.tensor(g.edges["r"].to_numpy(), device=diff.device)
-        per_edge = torch.einsum("ebpd,ebpd->be", diff[s_idx].double(), grad[r_idx].double())  # [batch, edges]
+        # every sender x receiver product per example ([batch, senders, receivers]), then the edges
+        pairs = torch.einsum("ubpd,rbpd->bur", diff.double(), grad.double())
+        per_edge = pairs[:, s_idx, r_idx]  # [batch, edges]
     stats = _interval(per_edge.cpu().numpy(), resamples, level)
     return _frame(g, stats, method=method, objective=name, n=len(clean))
 
