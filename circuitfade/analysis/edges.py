@@ -265,12 +265,14 @@ def _run(model, g: EdgeGraph, tokens: Tensor, *, weights: Tensor | None = None, 
 
     def deltas(rs: list[int]) -> Tensor | None:
         out = None
-        if weights is not None:
-            w = weights[:, rs]
-            ups = [u for u in range(w.shape[0]) if bool(w[u].any())]
+        if weights is not None:  # [senders, receivers], or [batch, senders, receivers]: one matrix per example
+            w = weights[..., rs]
+            used = w.reshape(-1, w.shape[-2], w.shape[-1]).abs().sum((0, 2))
+            ups = used.nonzero().flatten().tolist()
             if ups:
                 diff = torch.stack([corr[u] - acts[u] for u in ups])
-                out = torch.einsum("ur,ubpd->rbpd", w[ups], diff)
+                eq = "ur,ubpd->rbpd" if w.ndim == 2 else "bur,ubpd->rbpd"
+                out = torch.einsum(eq, w[..., ups, :], diff)
         if delta is not None:
             out = delta[rs] if out is None else out + delta[rs]
         return out
@@ -556,16 +558,25 @@ def edge_scores(
 
 
 # ----------------------------------------------------------------------- exact patching
-def _patched_objective(model, g, clean, corrupted, fn, weights_list: Sequence[Tensor]) -> list[Tensor]:
+def _patched_objective(model, g, clean, corrupted, fn, weights_list: Sequence[Tensor],
+                       max_batch: int = 256) -> list[Tensor]:
     """Per-example objective ``[batch]`` of the clean run with each patch matrix applied (plus the
-    clean and the corrupted run first: ``[clean, corrupted, *patched]``)."""
+    clean and the corrupted run first: ``[clean, corrupted, *patched]``). Several patches share
+    one forward on the batch repeated once per patch, up to ``max_batch`` sequences."""
     with torch.no_grad():
         clean_logits, _, _ = _run(model, g, clean.tokens)
         corr_logits, a_corr, _ = _run(model, g, corrupted.tokens)
         out = [fn(clean_logits, clean, corrupted, clean_logits), fn(corr_logits, clean, corrupted, clean_logits)]
-        for w in weights_list:
-            logits, _, _ = _run(model, g, clean.tokens, weights=w, corr=a_corr)
-            out.append(fn(logits, clean, corrupted, clean_logits))
+        n = len(clean)
+        per = max(1, int(max_batch) // n)
+        for start in range(0, len(weights_list), per):
+            chunk = weights_list[start:start + per]
+            c = len(chunk)
+            idx = torch.arange(n, device=clean.device).repeat(c)
+            w = torch.stack(chunk).repeat_interleave(n, 0)  # [c * batch, senders, receivers]
+            logits, _, _ = _run(model, g, clean.tokens[idx], weights=w, corr=a_corr[:, idx])
+            values = fn(logits, clean[idx], corrupted[idx], clean_logits[idx])
+            out.extend(values.reshape(c, n).unbind(0))
     return out
 
 
