@@ -95,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=32, help="evaluation examples (default %(default)s)")
     ap.add_argument("--steps", type=int, default=5, help="EAP-IG integration steps (default %(default)s)")
     ap.add_argument("--every", type=int, default=1, help="use every k-th checkpoint (default %(default)s: all 13)")
-    ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "edges.json"),
-                    help="the JSON written with every figure, and the markdown beside it (default %(default)s)")
+    ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
+                                  "(default: results/benchmarks/edges.json in the repository)")
     args = ap.parse_args(argv)
+    args.out = args.out or str(REPO / "results" / "benchmarks" / "edges.json")
     if args.n < 2 or args.steps < 1 or args.every < 1:
         ap.error("--n must be at least 2, --steps and --every at least 1")
     result = {"command": command_line(__file__, argv), **measure(args.n, args.steps, args.every)}
