@@ -224,14 +224,16 @@ def verdict_rows(vs: Sequence[Verdict]) -> pd.DataFrame:
     return verdict_table(vs, columns={"ours": "ours (95% t interval)"})
 
 
-def _finding(vs: Sequence[Verdict], summary: pd.DataFrame) -> str:
-    """The finding, in words generated from the verdicts."""
-    by = {v.claim.name: v for v in vs}
-    words = []
-    for key, v in zip(declared_claims(), vs):
-        words.append(f"{v.claim.name}: **{v.word}** ({v.ours})")
-    del by
-    return "Finding (95% t intervals over seeds). " + "; ".join(words) + "."
+_ANSWER = {Outcome.REPRODUCED: "Yes", Outcome.NOT_REPRODUCED: "No", Outcome.PARTLY: "Partly",
+           Outcome.INCONCLUSIVE: "Undecided", Outcome.NOT_RUN: "Not answered yet"}
+
+
+def _finding(vs: Sequence[Verdict]) -> str:
+    """The finding, in words generated from the verdicts (the first claim answers the question)."""
+    head = _ANSWER.get(vs[0].outcome, str(vs[0].outcome).capitalize())
+    words = [f"{v.claim.name}: **{v.word}** ({v.ours})" for v in vs]
+    return (f"**Is the edge circuit at gate zero the one that formed while the gate was on? {head}.** "
+            "By claim (95% t intervals over seeds): " + "; ".join(words) + ".")
 
 
 def to_markdown(scores: pd.DataFrame, decl=DECLARATION, *, note: str = "") -> str:
@@ -241,7 +243,7 @@ def to_markdown(scores: pd.DataFrame, decl=DECLARATION, *, note: str = "") -> st
     vs = verdicts(summary, ps, decl)
     c = decl.data["circuit"]
     m = decl.data["metric"]
-    lines = ["# Circuits across the fade", "", _finding(vs, summary), "",
+    lines = ["# Circuits across the fade", "", _finding(vs), "",
              markdown_table(verdict_rows(vs)), "",
              "| quantity | " + " | ".join(f"seed {s}" for s in ps["seed"]) + " | mean [95% t] |",
              "|---" * (len(ps) + 2) + "|"]
@@ -288,6 +290,7 @@ def figure(tl: pd.DataFrame, decl=DECLARATION):
             fig.add_vline(x=x, line_dash="dash", line_color="grey", row=1, col=col)
         fig.update_xaxes(title_text="training step", row=1, col=col)
     fig.update_yaxes(range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(tickformat=".2%", row=1, col=2)
     fig.update_layout(height=380, width=1000, title="Edge circuits (EAP-IG) over training, three gate paths")
     return fig
 
