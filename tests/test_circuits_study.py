@@ -95,6 +95,8 @@ def test_rules_say_yes_on_a_kept_circuit_and_a_strong_prior():
     assert v["unforced_prior_share"].outcome is Outcome.REPRODUCED
     assert all(x.provenance is Provenance.DECLARED_BEFORE and x.seeds_run == 3 and x.seeds_declared == 3
                for x in v.values())
+    rows = study.verdict_rows(list(v.values()))
+    assert list(rows["id"]) == list(claims()) and list(rows["verdict"]) == ["partly", "partly", "reproduced"]
     tight = {s: EDGES[:8] + EDGES[10:12] for s in range(3)}  # 8/12 on every seed: the interval is the point
     _, v = outcomes(planted(tight, OTHER, {0: 3.0, 1: 3.0, 2: 3.0}))
     assert v["fade_keeps_circuit"].outcome is Outcome.REPRODUCED

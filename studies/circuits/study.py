@@ -220,8 +220,11 @@ def verdicts(summary: pd.DataFrame, per_seed_frame: pd.DataFrame, decl=DECLARATI
 
 
 def verdict_rows(vs: Sequence[Verdict]) -> pd.DataFrame:
-    """``verdicts.csv``: the verdict table of ``vs``."""
-    return verdict_table(vs, columns={"ours": "ours (95% t interval)"})
+    """``verdicts.csv``: the verdict table of ``vs`` with the claim ``id`` first (the declaration's
+    keys, in order) and no ``study`` column (the question is our own: no published value)."""
+    df = verdict_table(vs, columns={"ours": "ours (95% t interval)"}).drop(columns="study")
+    df.insert(0, "id", list(declared_claims())[:len(df)])
+    return df
 
 
 _ANSWER = {Outcome.REPRODUCED: "Yes", Outcome.NOT_REPRODUCED: "No", Outcome.PARTLY: "Partly",
