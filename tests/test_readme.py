@@ -450,7 +450,7 @@ def test_a_page_interpreter_keeps_names_between_blocks_and_reports_the_failing_b
     try:
         interpreter.run(items[0])
         interpreter.run(items[1])
-        with pytest.raises(AssertionError, match=r"p.md:10 .*boom 42"):
+        with pytest.raises(AssertionError, match=r"(?s)p.md:10 .*boom 42"):
             interpreter.run(items[2])
     finally:
         interpreter.close()
