@@ -130,7 +130,7 @@ def test_scores_without_their_columns_are_refused():
 
 def _write(out: Path, scores: pd.DataFrame) -> None:
     write_csv(out / "scores.csv", scores)
-    write_json(out / "config.json", {"declaration": DECLARATION.stamp(), "note": "", "trace_wall_s": 1.0})
+    write_json(out / "config.json", {"declaration": DECLARATION.stamp(), "note": "", "wall_s": 1.0})
 
 
 def test_tables_only_rebuilds_byte_identically(tmp_path, capsys):

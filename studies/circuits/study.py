@@ -252,9 +252,9 @@ def to_markdown(scores: pd.DataFrame, decl=DECLARATION, *, note: str = "") -> st
              "|---" * (len(ps) + 2) + "|"]
     for _, r in summary.iterrows():
         lines.append(f"| {r['label']} | " + " | ".join(_fmt(x) for x in ps[r["quantity"]]) + f" | {_ci(r)} |")
-    lines += ["", "![Circuit overlap and content-prior share over training](fig_circuits.png)", "",
-              "Overlap with the final circuit and the content-prior edges' share of the attribution at every "
-              "checkpoint (thin: seeds; thick: mean; dashed: the fade starts at 600 and reaches gate 0 at 1050).", "",
+    lines += ["", "Figure `fig_circuits.png`: the overlap with the run's final circuit and the content-prior "
+              "edges' share of the attribution at every checkpoint (thin: seeds; thick: mean; dashed: the fade "
+              "starts at 600 and reaches gate 0 at 1050).", "",
               "```text",
               f"declaration   {decl.stamp()}, committed before the runs (studies/circuits/declaration.py)",
               f"runs          {', '.join(decl.data['arms'])} x seeds {decl.data['seeds']}, "
@@ -348,7 +348,7 @@ def run(out: str | Path = "results/circuits", *, train: bool = True, workers: in
     note = "" if n_runs == len(run_configs()) else \
         f"Only {n_runs} of the {len(run_configs())} declared runs had finished when this was written."
     write_json(out / "config.json", {"declaration": DECLARATION.stamp(), "note": note,
-                                     "trace_wall_s": round(time.time() - t0, 1)})
+                                     "wall_s": round(time.time() - t0, 1)})
     write_csv(out / "scores.csv", scores)
     md = write_tables(out, note=note)
     from circuitfade.viz.plots import save_figure
