@@ -25,6 +25,7 @@ SOURCES = {  # claim prefix -> (verdicts file, verdict column)
     "paper-large": ("results/paper/large/verdicts.csv", "verdict (large)"),
     "removability": ("results/removability/verdicts.csv", "verdict"),
     "history": ("results/history/verdicts.csv", "verdict"),
+    "circuits": ("results/circuits/verdicts.csv", "verdict"),
 }
 """Where each study's verdict rows are (one row per claim id)."""
 
@@ -37,6 +38,7 @@ SUMMARIES = [README_SECTION, ("docs/index.md", "## The studies\n", None),
              ("docs/studies/paper.md", "## What we found\n", "\n## "),
              ("docs/studies/removability.md", "## What the map says\n", "\n## "),
              ("docs/studies/history.md", "## What we found\n", "\n## "),
+             ("docs/studies/circuits.md", "## What we found\n", "\n## "),
              ("docs/studies/development.md", "## What we found\n", "\n## ")]
 """(file, section start, section end): the prose that states outcomes."""
 
