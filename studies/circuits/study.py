@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import pandas as pd
 
 from circuitfade.analysis.edges import EDGE_ATTRIBUTION, edge_attribution, top_edges
@@ -246,7 +244,7 @@ def to_markdown(scores: pd.DataFrame, decl=DECLARATION, *, note: str = "") -> st
     vs = verdicts(summary, ps, decl)
     c = decl.data["circuit"]
     m = decl.data["metric"]
-    lines = ["# Circuits across the fade", "", _finding(vs), "",
+    lines = ["**Circuits across the fade: EAP-IG edge circuits of three gate paths**", "", _finding(vs), "",
              markdown_table(verdict_rows(vs)), "",
              "| quantity | " + " | ".join(f"seed {s}" for s in ps["seed"]) + " | mean [95% t] |",
              "|---" * (len(ps) + 2) + "|"]
