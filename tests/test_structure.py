@@ -242,3 +242,20 @@ def test_every_study_has_a_help(study):
     out = subprocess.run([sys.executable, "-m", f"studies.{study}", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "usage" in out.stdout.lower()
+
+
+def test_one_checkpoint_name_pattern():
+    """The trainer's checkpoint names are parsed in one place (train.checkpoints.parse_checkpoint_name)."""
+    import re as _re
+    from pathlib import Path as _Path
+
+    root = _Path(__file__).resolve().parents[1]
+    hits = [str(p.relative_to(root)) for p in (root / "circuitfade").rglob("*.py")
+            if _re.search(r"step_\(\\d\+\)", p.read_text())]
+    assert hits == ["circuitfade/train/checkpoints.py"], hits
+    from circuitfade.train.checkpoints import checkpoint_name, parse_checkpoint_name
+
+    assert parse_checkpoint_name(checkpoint_name(300)) == (300, False)
+    assert parse_checkpoint_name(checkpoint_name(7, state=True)) == (7, True)
+    assert parse_checkpoint_name("step_40.safetensors") == (40, False)  # parsed; the trainer refuses the spelling
+    assert parse_checkpoint_name("ckpt_40.pt") is None and parse_checkpoint_name("step_x.safetensors") is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch.nn as nn
 from circuitfade.io import MAX_STEP, CheckpointError, check_file, check_header, read_json
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.train import CKPT_DIR, RunConfig
+from circuitfade.train.checkpoints import parse_checkpoint_name
 
 from .series import CheckpointSeries, Snapshot
 
@@ -50,9 +50,6 @@ def is_run_dir(path: str | Path) -> bool:
     return path.is_dir() and _read_run_config(path) is not None
 
 
-_RUN_WEIGHTS = re.compile(r"step_(\d+)\.safetensors")
-
-
 def _run_weight_files(ckpt_dir: Path) -> dict[int, Path]:
     """``{step: file}`` of the weight files ``step_XXXXXX.safetensors`` in ``ckpt_dir`` (state files excluded).
 
@@ -65,11 +62,11 @@ def _run_weight_files(ckpt_dir: Path) -> dict[int, Path]:
         return {}
     found: dict[int, Path] = {}
     for f in sorted(ckpt_dir.iterdir()):
-        m = _RUN_WEIGHTS.fullmatch(f.name)
-        if not m:
+        parsed = parse_checkpoint_name(f.name)
+        if parsed is None or parsed[1]:  # not a checkpoint name, or a state file
             continue
         check_file(f)
-        step = int(m.group(1))
+        step = parsed[0]
         if step > MAX_STEP:
             raise CheckpointError(f"{f}: step {step} is beyond int64 (the largest step is {MAX_STEP})")
         if step in found:

@@ -51,8 +51,8 @@ from circuitfade.train.state import (
     optimizer_to_tensors,
 )
 
-__all__ = ["CKPT_DIR", "STATE_FORMAT", "checkpoint_name", "save_checkpoint", "complete_checkpoints",
-           "load_checkpoint", "resume_steps", "write_metrics", "read_metrics", "run_steps", "dir_state", "clean_scratch",
+__all__ = ["CKPT_DIR", "STATE_FORMAT", "checkpoint_name", "parse_checkpoint_name", "save_checkpoint",
+           "complete_checkpoints", "load_checkpoint", "resume_steps", "write_metrics", "read_metrics", "run_steps", "dir_state", "clean_scratch",
            "raise_recorded_failure", "finish_run"]
 
 CKPT_DIR = "checkpoints"
@@ -60,6 +60,14 @@ STATE_FORMAT = "circuitfade-state"
 """The ``format`` metadata of a state file (optimizer + generators + metrics)."""
 
 _CHECKPOINT_NAME = re.compile(r"step_(\d+)(\.state)?\.safetensors")
+
+
+def parse_checkpoint_name(name: str) -> tuple[int, bool] | None:
+    """``(step, is_state)`` for a name of the trainer's form (``step_<digits>.safetensors`` or
+    ``step_<digits>.state.safetensors``), else ``None``: the one checkpoint-name pattern, used by the
+    trainer and by :mod:`circuitfade.store` (:func:`checkpoint_name` writes the canonical spelling)."""
+    m = _CHECKPOINT_NAME.fullmatch(name)
+    return None if m is None else (int(m.group(1)), m.group(2) is not None)
 
 
 def checkpoint_name(step: int, state: bool = False) -> str:
@@ -106,11 +114,11 @@ def _checkpoint_files(run_dir: Path) -> dict[int, set[bool]]:
     for name in names:
         if not (name.startswith("step_") and name.endswith(".safetensors")):
             continue
-        m = _CHECKPOINT_NAME.fullmatch(name)
-        if m is None:
+        parsed = parse_checkpoint_name(name)
+        if parsed is None:
             raise CheckpointError(f"{ck / name}: not a checkpoint name the trainer writes (step_NNNNNN.safetensors "
                                   f"or step_NNNNNN.state.safetensors); move it out of {ck}")
-        step, state = int(m.group(1)), m.group(2) is not None
+        step, state = parsed
         if (step, state) in found:
             raise CheckpointError(f"{ck}: two files for step {step}: {found[(step, state)]} and {name} "
                                   "(a run folder holds one per step); remove one")
