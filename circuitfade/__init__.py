@@ -20,7 +20,15 @@ The studies built on the library (the papers' protocols) live beside the package
 repository's ``studies/`` folder, and are run as ``python -m studies.<name>``; nothing here
 imports them.
 
-``circuitfade.plots`` still resolves (to :mod:`circuitfade.viz.plots`) for older notebooks.
+The front door: ``import circuitfade as cf`` gives the names a notebook needs (:data:`__all__`),
+each the object of the module named in :data:`FRONT_DOOR` (imported on first use, so
+``import circuitfade`` stays cheap)::
+
+    import circuitfade as cf
+
+    series = cf.example_series("fade600to0")
+    traced = cf.trace(series, [cf.head_diagnostics])
+    cf.plots.head_small_multiples(traced, "ablation_importance")
 """
 
 __version__ = "0.1.0"
@@ -46,9 +54,46 @@ def _quiet_tqdm_in_a_kernel() -> None:
 _quiet_tqdm_in_a_kernel()
 
 
-def __getattr__(name):  # lazy: ``import circuitfade`` stays cheap
-    if name == "plots":
-        from circuitfade.viz import plots
+FRONT_DOOR = {
+    # the model
+    "SoftPriorConfig": "circuitfade.model", "SoftPriorTransformer": "circuitfade.model",
+    # data
+    "make_task": "circuitfade.tasks", "eval_set": "circuitfade.tasks",
+    # training trajectories
+    "RunConfig": "circuitfade.train", "TrainConfig": "circuitfade.train", "train": "circuitfade.train",
+    "branch": "circuitfade.train", "run_sweep": "circuitfade.train.sweep",
+    # checkpoint series
+    "attach": "circuitfade.store", "open_run": "circuitfade.store", "trace": "circuitfade.store",
+    "example_series": "circuitfade.store.examples",
+    # analyses
+    "head_diagnostics": "circuitfade.analysis", "successor_value_mass": "circuitfade.analysis",
+    "mean_ablation_importance": "circuitfade.analysis", "consolidation_timeline": "circuitfade.analysis",
+    "evaluate": "circuitfade.analysis", "gate_intervention_table": "circuitfade.analysis",
+    "edge_attribution": "circuitfade.analysis", "circuit_timeline": "circuitfade.analysis",
+    # figures
+    "plots": "circuitfade.viz.plots",
+    # claims
+    "Claim": "circuitfade.claims", "Outcome": "circuitfade.claims", "Declaration": "circuitfade.claims",
+    "grade": "circuitfade.claims",
+}
+"""``name -> module`` of every name ``import circuitfade as cf`` gives."""
+MODULES = frozenset({"plots"})
+"""Front-door names that are modules themselves: ``cf.plots`` is :mod:`circuitfade.viz.plots`."""
 
-        return plots
-    raise AttributeError(f"module 'circuitfade' has no attribute {name!r}")
+__all__ = ["__version__", *FRONT_DOOR]
+
+
+def __getattr__(name):  # lazy: ``import circuitfade`` stays cheap
+    module = FRONT_DOOR.get(name)
+    if module is None:
+        raise AttributeError(f"module 'circuitfade' has no attribute {name!r}")
+    import importlib
+
+    mod = importlib.import_module(module)
+    value = mod if name in MODULES else getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(FRONT_DOOR))

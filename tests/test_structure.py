@@ -259,3 +259,43 @@ def test_one_checkpoint_name_pattern():
     assert parse_checkpoint_name(checkpoint_name(7, state=True)) == (7, True)
     assert parse_checkpoint_name("step_40.safetensors") == (40, False)  # parsed; the trainer refuses the spelling
     assert parse_checkpoint_name("ckpt_40.pt") is None and parse_checkpoint_name("step_x.safetensors") is None
+
+
+def test_the_front_door_gives_each_name_once_and_stays_cheap():
+    """``import circuitfade as cf``: every name of ``cf.__all__`` resolves to the object its module
+    exports, no front-door name is an alias of another, and the import itself loads no torch."""
+    import subprocess
+    import sys as _sys
+
+    import circuitfade as cf
+
+    names = [n for n in cf.__all__ if n != "__version__"]
+    assert 20 <= len(names) <= 30 and len(set(names)) == len(names)
+    objects = [getattr(cf, n) for n in names]
+    assert len({id(o) for o in objects}) == len(objects)  # no two names for one object
+    assert cf.plots.__name__ == "circuitfade.viz.plots" and cf.trace.__name__ == "trace"
+    import circuitfade.train  # noqa: F401  (Python now sets the package as cf.train: it trains all the same)
+    from circuitfade.train.loop import train
+
+    assert callable(cf.train)
+    calls = []
+    import circuitfade.train.loop as loop
+
+    original = loop.train
+    try:
+        import circuitfade.train as package
+
+        package.train = lambda *a, **k: calls.append((a, k)) or "trained"  # the function the package calls
+        assert cf.train("cfg", None, progress=False) == "trained" and calls == [(("cfg", None), {"progress": False})]
+    finally:
+        package.train = original
+    assert package.train is train
+    try:
+        cf.no_such_name
+    except AttributeError as e:
+        assert "no_such_name" in str(e)
+    else:
+        raise AssertionError("an unknown name resolved")
+    r = subprocess.run([_sys.executable, "-c", "import sys, circuitfade; print('torch' in sys.modules)"],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"

@@ -14,6 +14,9 @@ Layer 3, one module per job:
 """
 
 from circuitfade.tasks import EVAL_SEED
+import sys
+import types
+
 from circuitfade.train.checkpoints import (
                                            CKPT_DIR,
                                            complete_checkpoints,
@@ -36,3 +39,15 @@ __all__ = [
     "load_checkpoint", "new_run", "read_metrics", "reinit_slices", "reset_slice_moments", "run_steps",
     "save_checkpoint", "train", "write_metrics",
 ]
+
+
+class _TrainPackage(types.ModuleType):
+    """This package, callable as its :func:`train`: importing ``circuitfade.train`` makes it the
+    attribute ``circuitfade.train`` (Python sets a subpackage on its parent), so the front door's
+    ``cf.train(cfg, run_dir)`` trains whichever of the two ``cf.train`` is."""
+
+    def __call__(self, *args, **kwargs):
+        return train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _TrainPackage
