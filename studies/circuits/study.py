@@ -27,6 +27,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from circuitfade.cli import check_count
 from circuitfade.analysis.edges import EDGE_ATTRIBUTION, edge_attribution, top_edges
 from circuitfade.claims import Outcome, Verdict, grade, verdict_table
 from circuitfade.io import check_outputs, read_json, write_csv, write_json, write_text
@@ -367,8 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="rebuild the tables and results.md from OUT's scores.csv and config.json")
     ap.add_argument("--force", action="store_true", help="replace OUT's existing result files")
     args = ap.parse_args(argv)
-    if args.workers < 1:
-        raise ValueError(f"--workers: expected a positive count, got {args.workers}")
+    check_count("--workers", args.workers)
     if args.tables_only:
         print(rebuild(args.out, force=args.force))
         return 0
