@@ -176,7 +176,8 @@ def compare_full(args: argparse.Namespace) -> dict:
     """Full default runs, single and as one ensemble: final metrics, their differences, the seed spread."""
     import torch
 
-    from circuitfade.io import load_tensors, read_json
+    from circuitfade.io import load_tensors
+    from circuitfade.train.rundir import RunDir
     from circuitfade.train import RunConfig, TrainConfig, train
     from circuitfade.train.ensemble import train_ensemble
 
@@ -193,13 +194,13 @@ def compare_full(args: argparse.Namespace) -> dict:
         c2 = time.process_time()
         if any(o.status.value != "done" for o in outs):
             raise RuntimeError(f"ensemble members did not finish: {[o.error for o in outs]}")
-        single = [read_json(tmp / f"single{s}" / "done.json")["final"] for s in seeds]
-        ens = [read_json(tmp / f"ens{s}" / "done.json")["final"] for s in seeds]
+        single = [RunDir(tmp / f"single{s}").read_done()["final"] for s in seeds]
+        ens = [RunDir(tmp / f"ens{s}").read_done()["final"] for s in seeds]
         same_files = all(
-            (tmp / f"single{s}" / "metrics.csv").read_bytes() == (tmp / f"ens{s}" / "metrics.csv").read_bytes()
+            RunDir(tmp / f"single{s}").metrics_file.read_bytes() == RunDir(tmp / f"ens{s}").metrics_file.read_bytes()
             and all(torch.equal(a, b) for a, b in zip(
-                load_tensors(tmp / f"single{s}" / "checkpoints" / "step_003600.safetensors").values(),
-                load_tensors(tmp / f"ens{s}" / "checkpoints" / "step_003600.safetensors").values()))
+                load_tensors(RunDir(tmp / f"single{s}").weights_file(3600)).values(),
+                load_tensors(RunDir(tmp / f"ens{s}").weights_file(3600)).values()))
             for s in seeds)
     keys = [k for k in single[0] if k.startswith(("acc_", "loss_")) or k == "train_loss"]
     print(f"3 default runs (3,600 steps, fade600->0, seeds {seeds}): single {c1 - c0:.0f} s, ensemble of 3 "

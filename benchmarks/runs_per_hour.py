@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from circuitfade.train.rundir import RunDir
 from pathlib import Path
 
 from results_files import command_line, with_machine_line, write_outputs
@@ -48,7 +49,7 @@ def run_once(tree: Path, out: Path, args: argparse.Namespace) -> dict:
     stdout, stderr = proc.stdout.read(), proc.stderr.read()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} (in {tree}) failed with exit code {proc.returncode}:\n{stderr[-2000:]}")
-    final = json.loads((out / "done.json").read_text())["final"]
+    final = RunDir(out).read_done()["final"]
     rss_mib = usage.ru_maxrss / 1024 if sys.platform != "darwin" else usage.ru_maxrss / 2**20
     return {"wall_s": wall, "rss_mib": rss_mib, "acc_normal": final.get("acc_normal"),
             "acc_zero": final.get("acc_zero"), "loss_normal": final.get("loss_normal"), "stdout": stdout.strip()}

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import circuitfade.train.loop as training
+import circuitfade.train.rundir as rundir
 from circuitfade.cli import _task_dict, build_parser, main
 from circuitfade.train import RunConfig, TrainConfig, train
 
@@ -69,7 +70,7 @@ def test_disk_full_and_read_only_are_one_line(tmp_path, capsys, monkeypatch, cod
     def fail(path, *a, **k):
         raise OSError(code, os.strerror(code), str(path))
 
-    monkeypatch.setattr(training, "write_json", fail)
+    monkeypatch.setattr(rundir, "write_json", fail)
     assert main(["train", "--out", str(tmp_path / "r"), *QUICK]) == 2
     one_line_error(capsys, words, "config.json")
 

@@ -358,7 +358,7 @@ def test_a_member_with_a_corrupt_optimizer_state_fails_alone_and_is_no_divergenc
 def test_one_members_full_disk_stops_that_member_alone(tmp_path, monkeypatch):
     import errno
 
-    import circuitfade.train.checkpoints as checkpoints
+    import circuitfade.train.rundir as rundir
 
     cfgs = dir_configs()
     dirs = [tmp_path / f"e{i}" for i in range(3)]
@@ -371,7 +371,7 @@ def test_one_members_full_disk_stops_that_member_alone(tmp_path, monkeypatch):
             return write(path, *a, **k)
         return guarded
 
-    monkeypatch.setattr(checkpoints, "save_tensors", on_a_full_disk(checkpoints.save_tensors))
+    monkeypatch.setattr(rundir, "save_tensors", on_a_full_disk(rundir.save_tensors))
     outs = train_ensemble(cfgs, dirs)
     assert [o.status for o in outs] == [MemberStatus.FAILED, MemberStatus.DONE, MemberStatus.DONE]
     assert "No space left on device" in outs[0].error and "step_000010.state.safetensors" in outs[0].error

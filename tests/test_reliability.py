@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import circuitfade.train.checkpoints as checkpoints
+import circuitfade.train.rundir as rundir
 import circuitfade.train.lock as locking
 import circuitfade.train.loop as training
 from circuitfade.io import CheckpointError, atomic_write, load_tensors
@@ -418,8 +418,8 @@ def test_finished_run_rerequested_without_writing(tmp_path, monkeypatch):
         raise OSError(30, "Read-only file system", str(d / ".lock"))
 
     monkeypatch.setattr(training, "run_lock", read_only)
-    monkeypatch.setattr(training, "write_json", read_only)
-    monkeypatch.setattr(checkpoints, "atomic_write", read_only)
+    monkeypatch.setattr(rundir, "write_json", read_only)
+    monkeypatch.setattr(rundir, "atomic_write", read_only)
     run = train(cfg(steps=5), d, progress=False)
     assert run.step == 5 and run.metrics[-1]["step"] == 5
 

@@ -245,20 +245,87 @@ def test_every_study_has_a_help(study):
 
 
 def test_one_checkpoint_name_pattern():
-    """The trainer's checkpoint names are parsed in one place (train.checkpoints.parse_checkpoint_name)."""
+    """The trainer's checkpoint names are parsed in one place (train.rundir.parse_checkpoint_name)."""
     import re as _re
     from pathlib import Path as _Path
 
     root = _Path(__file__).resolve().parents[1]
     hits = [str(p.relative_to(root)) for p in (root / "circuitfade").rglob("*.py")
             if _re.search(r"step_\(\\d\+\)", p.read_text())]
-    assert hits == ["circuitfade/train/checkpoints.py"], hits
+    assert hits == ["circuitfade/train/rundir.py"], hits
     from circuitfade.train.checkpoints import checkpoint_name, parse_checkpoint_name
 
     assert parse_checkpoint_name(checkpoint_name(300)) == (300, False)
     assert parse_checkpoint_name(checkpoint_name(7, state=True)) == (7, True)
     assert parse_checkpoint_name("step_40.safetensors") == (40, False)  # parsed; the trainer refuses the spelling
     assert parse_checkpoint_name("ckpt_40.pt") is None and parse_checkpoint_name("step_x.safetensors") is None
+
+
+RUN_FILE_NAMES = frozenset({"config.json", "metrics.csv", "done.json", "failed.json", "checkpoints", ".lock"})
+"""The names of a run folder's files (circuitfade.train.rundir owns them)."""
+_CHECKPOINT_LITERAL = re.compile(r"step_\d+(\.state)?\.safetensors")
+OTHER_CONFIG_JSON = frozenset({
+    "circuitfade/model/files.py",  # a saved model's folder (config.json + model.safetensors)
+    "circuitfade/compat.py",  # a Hugging Face model folder
+    "circuitfade/store/hf.py",
+    "circuitfade/store/revisions.py",
+    "circuitfade/store/sources.py",  # a folder of state-dict files with their model config beside them
+    "studies/history/study.py",  # a study's output folder
+    "studies/circuits/study.py",
+    "benchmarks/trace_memory.py",  # a folder of Pythia-shaped checkpoints
+})
+"""Modules where ``config.json`` names the file of another kind of folder, not a run's."""
+
+
+def run_folder_names(source: str, rel: str) -> list[str]:
+    """``"line: 'name'"`` for each string constant of ``source`` (a module at ``rel``) that spells a
+    run-folder file name (docstrings and dict keys aside)."""
+    tree = ast.parse(source)
+    skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    skip |= {id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys if k is not None}
+    skip |= {id(n.slice) for n in ast.walk(tree) if isinstance(n, ast.Subscript)}  # row["checkpoints"]
+    out = []
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Constant) and isinstance(n.value, str)) or id(n) in skip:
+            continue
+        v = n.value
+        if v == "config.json" and rel in OTHER_CONFIG_JSON:
+            continue
+        if v in RUN_FILE_NAMES or _CHECKPOINT_LITERAL.fullmatch(v) or v.endswith(".state.safetensors"):
+            out.append((n.lineno, n.col_offset, f"{n.lineno}: {v!r}"))
+    return [text for *_, text in sorted(out)]
+
+
+def test_run_folder_names_are_spelled_only_in_rundir():
+    """Every run-folder file name (config.json, metrics.csv, done.json, failed.json, checkpoints/, .lock,
+    step_XXXXXX[.state].safetensors) is spelled in circuitfade/train/rundir.py only: code in circuitfade/,
+    studies/ and benchmarks/ goes through RunDir."""
+    hits = {}
+    for top in ("circuitfade", "studies", "benchmarks"):
+        for p in sorted((ROOT / top).rglob("*.py")):
+            rel = str(p.relative_to(ROOT))
+            if rel == "circuitfade/train/rundir.py":
+                continue
+            found = run_folder_names(p.read_text(), rel)
+            if found:
+                hits[rel] = found
+    assert hits == {}, hits
+    own = run_folder_names((ROOT / "circuitfade/train/rundir.py").read_text(), "circuitfade/train/rundir.py")
+    assert len(own) >= len(RUN_FILE_NAMES), own  # the check sees the names where they are spelled
+
+
+def test_the_run_folder_check_catches_a_planted_spelling():
+    planted = (
+        'def f(d):\n'
+        '    """Reads d / "done.json"."""\n'  # a docstring: allowed
+        '    meta = {"checkpoints": 3}\n'  # a dict key: allowed
+        '    n = meta["checkpoints"]\n'  # a key again
+        '    return (d / "done.json").is_file(), d / "checkpoints" / "step_000300.state.safetensors"\n'
+    )
+    assert run_folder_names(planted, "studies/x.py") == [
+        "5: 'done.json'", "5: 'checkpoints'", "5: 'step_000300.state.safetensors'"]
+    assert run_folder_names('x = d / "config.json"\n', "studies/x.py") == ["1: 'config.json'"]
+    assert run_folder_names('x = d / "config.json"\n', "circuitfade/model/files.py") == []
 
 
 def test_the_front_door_gives_each_name_once_and_stays_cheap():

@@ -279,7 +279,8 @@ def test_trainer_uses_fused_adamw_and_old_checkpoints_resume_with_their_own_opti
     """New runs step with fused AdamW; a checkpoint written by the non-fused optimizer of the
     previous release resumes with that implementation (its param_groups say so), so it
     continues exactly as it started."""
-    from circuitfade.train.state import new_run, optimizer_from_tensors, optimizer_to_tensors
+    from circuitfade.train.rundir import optimizer_from_tensors, optimizer_to_tensors
+    from circuitfade.train.state import new_run
 
     run = new_run(RunConfig(train=TrainConfig(steps=2)))
     assert run.optimizer.param_groups[0]["fused"] is True

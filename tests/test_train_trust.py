@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import circuitfade.train.checkpoints as checkpoints
+import circuitfade.train.rundir as rundir
 from circuitfade.io import CHECKSUM_KEY, CheckpointError, save_tensors, verify_checksum
 from circuitfade.train import (
     RunConfig,
@@ -267,7 +267,7 @@ def test_unreadable_checkpoint_is_reported_as_permission_denied(partial, monkeyp
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *a, **k)
 
-    monkeypatch.setattr(checkpoints, "open", guarded_open, raising=False)
+    monkeypatch.setattr(rundir, "open", guarded_open, raising=False)
     msg = refused(partial, "step_000005.safetensors", "permission denied")
     assert "not found" not in msg
 

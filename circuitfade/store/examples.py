@@ -40,8 +40,10 @@ def example_series_dir(name: str) -> Path:
     """The run directory of shipped series ``name`` (one of :data:`EXAMPLE_SERIES`)."""
     if name not in EXAMPLE_SERIES:
         raise ValueError(f"example series {name!r}: expected one of {list(EXAMPLE_SERIES)}")
+    from circuitfade.train.rundir import RunDir  # here: this module stays cheap to import
+
     p = assets_dir() / "series" / name
-    if not (p / "config.json").is_file():
+    if not RunDir(p).has_config():
         raise FileNotFoundError(f"{p}: no config.json; the example series {name!r} is missing or incomplete")
     return p
 

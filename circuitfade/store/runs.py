@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from circuitfade.io import MAX_STEP, CheckpointError, check_file, check_header, read_json
+from circuitfade.io import CheckpointError, check_header
 from circuitfade.model import SoftPriorTransformer
-from circuitfade.train import CKPT_DIR, RunConfig
-from circuitfade.train.checkpoints import parse_checkpoint_name
+from circuitfade.train import RunConfig
+from circuitfade.train.rundir import CKPT_DIR, RunDir
 
 from .series import CheckpointSeries, Snapshot
 
@@ -24,56 +24,24 @@ RUN_KEYS = frozenset({"path", "task", "model", "train", "seed"})
 # --------------------------------------------------------------------------------------
 def read_config_json(folder: Path):
     """The parsed ``folder/config.json``, or ``None`` if it is missing or unreadable."""
-    f = folder / "config.json"
-    if not f.is_file():
-        return None
-    try:
-        return read_json(f)
-    except CheckpointError:
-        return None
+    return RunDir(folder).read_config_dict()
 
 
 def _read_run_config(run_dir: Path) -> RunConfig | None:
-    f = run_dir / "config.json"
-    d = read_config_json(run_dir)
+    rd = RunDir(run_dir)
+    d = rd.read_config_dict()
     if not isinstance(d, dict) or not RUN_KEYS <= set(d):
         return None
     try:
         return RunConfig.from_dict(d)
     except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{f}: looks like a circuitfade run config but is invalid: {e}") from None
+        raise CheckpointError(f"{rd.config_file}: looks like a circuitfade run config but is invalid: {e}") from None
 
 
 def is_run_dir(path: str | Path) -> bool:
     """True if ``path`` is a directory with a circuitfade run ``config.json``."""
     path = Path(path)
     return path.is_dir() and _read_run_config(path) is not None
-
-
-def _run_weight_files(ckpt_dir: Path) -> dict[int, Path]:
-    """``{step: file}`` of the weight files ``step_XXXXXX.safetensors`` in ``ckpt_dir`` (state files excluded).
-
-    Refused, naming the files (:class:`CheckpointError`): two files for one step
-    (``step_40.safetensors`` beside ``step_000040.safetensors``), a step beyond ``int64``, and
-    an entry with a weight file's name that is not a readable file (a dangling symlink, a
-    symlink loop, a directory), so no checkpoint is silently left out or replaced.
-    """
-    if not ckpt_dir.is_dir():
-        return {}
-    found: dict[int, Path] = {}
-    for f in sorted(ckpt_dir.iterdir()):
-        parsed = parse_checkpoint_name(f.name)
-        if parsed is None or parsed[1]:  # not a checkpoint name, or a state file
-            continue
-        check_file(f)
-        step = parsed[0]
-        if step > MAX_STEP:
-            raise CheckpointError(f"{f}: step {step} is beyond int64 (the largest step is {MAX_STEP})")
-        if step in found:
-            raise CheckpointError(f"{ckpt_dir}: two weight files for step {step}: {found[step].name} and {f.name}; "
-                                  "remove the one that does not belong")
-        found[step] = f
-    return dict(sorted(found.items()))
 
 
 def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSeries:
@@ -106,7 +74,7 @@ def open_run(run_dir: str | Path, *, device: str | None = None) -> CheckpointSer
             f"{run_dir}: not a circuitfade run directory (expected config.json with keys {sorted(RUN_KEYS)} "
             f"and a {CKPT_DIR}/ folder)"
         )
-    files = _run_weight_files(run_dir / CKPT_DIR)
+    files = RunDir(run_dir).weight_files()
     if not files:
         raise CheckpointError(
             f"{run_dir}: circuitfade run without complete checkpoints (no step_XXXXXX.safetensors weight files "

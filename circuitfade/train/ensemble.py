@@ -52,7 +52,6 @@ from torch import Tensor
 from tqdm import tqdm
 
 from circuitfade.gating.evaluation import EVAL_CHUNK, condition_groups, conditions_row, gate_condition
-from circuitfade.io import write_json
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.core import logits_at_all_positions
 from circuitfade.model.devices import keep_freed_memory, resolve_device
@@ -71,6 +70,7 @@ from circuitfade.train.checkpoints import (
 from circuitfade.train.config import RunConfig, TrainingDiverged, is_checkpoint_step
 from circuitfade.train.lock import RunLocked, run_lock
 from circuitfade.train.loop import row_at_step
+from circuitfade.train.rundir import RunDir
 from circuitfade.train.stacked import BatchedAdamW, StackedModel
 from circuitfade.train.state import Run, new_run, one_thread
 
@@ -556,7 +556,7 @@ def train_ensemble(configs: Sequence[RunConfig], run_dirs: Sequence[str | Path],
                     outcomes[i] = _recorded_failure(d)
                     continue
                 if state == "new":
-                    write_json(d / "config.json", cfg.to_dict())
+                    RunDir(d).write_config(cfg)
                 run = new_run(cfg)
                 done = resume_steps(cfg, d)
                 if done:
@@ -580,7 +580,7 @@ def train_ensemble(configs: Sequence[RunConfig], run_dirs: Sequence[str | Path],
             for (i, run), err in zip(group, errors):
                 try:
                     if isinstance(err, TrainingDiverged):
-                        write_json(run_dirs[i] / "failed.json", {"step": err.step, "error": err.error})
+                        RunDir(run_dirs[i]).record_failure(err)
                         outcomes[i] = MemberOutcome(MemberStatus.FAILED, run, f"TrainingDiverged: {err}")
                     elif err is not None:  # its run directory could not be written: no divergence recorded
                         outcomes[i] = MemberOutcome(MemberStatus.FAILED, run, f"{type(err).__name__}: {err}")

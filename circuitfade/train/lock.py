@@ -12,14 +12,14 @@ import contextlib
 import os
 from pathlib import Path
 
+from circuitfade.train.rundir import LOCK_FILE
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None
 
 __all__ = ["RunLocked", "run_lock", "LOCK_FILE"]
-
-LOCK_FILE = ".lock"
 
 
 class RunLocked(RuntimeError):

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from circuitfade.gating.evaluation import answer_logits, evaluate_conditions
 from circuitfade.gating.paths import GatePath
-from circuitfade.io import CheckpointError, read_json, write_json
+from circuitfade.io import CheckpointError
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
@@ -57,6 +57,7 @@ from circuitfade.train.checkpoints import (
 )
 from circuitfade.train.config import RunConfig, TrainingDiverged, is_checkpoint_step
 from circuitfade.train.lock import run_lock
+from circuitfade.train.rundir import RunDir
 from circuitfade.train.optim import clip_grad_norm
 from circuitfade.train.state import Run, new_run, one_thread
 
@@ -251,7 +252,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
             if state == "failed":
                 raise_recorded_failure(run_dir)
             if state == "new":
-                write_json(run_dir / "config.json", cfg.to_dict())
+                RunDir(run_dir).write_config(cfg)
             run = new_run(cfg)
             done = resume_steps(cfg, run_dir)
             if done:
@@ -264,7 +265,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
                 fit(run, run_dir=run_dir, task=task, eval_batch=ev, progress=progress, sampler=sampler,
                     logger=logger)
             except TrainingDiverged as e:
-                write_json(run_dir / "failed.json", {"step": e.step, "error": e.error})
+                RunDir(run_dir).record_failure(e)
                 raise
             finish_run(run, run_dir)
     return run
@@ -308,6 +309,6 @@ def branch(parent_dir: str | Path, step: int, run_dir: str | Path, *, path: str,
     ``weight_decay=``) replace the parent's and apply to the copied optimizer.
     """
     parent_dir = Path(parent_dir)
-    pcfg = RunConfig.from_dict(read_json(parent_dir / "config.json"))
+    pcfg = RunDir(parent_dir).read_config()
     cfg = branch_config(pcfg, parent_dir, step, path=path, steps=steps, **train_overrides)
     return train(cfg, run_dir, progress=progress)

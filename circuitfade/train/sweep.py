@@ -32,7 +32,6 @@ run of the same sweep (``config.parent``) wait for it: the sweep runs in waves.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -49,6 +48,7 @@ from circuitfade.train.config import RunConfig
 from circuitfade.train.ensemble import default_ensemble_size, ensemble_key, ensemble_refusal
 from circuitfade.train.jobs import LOST_WORKER, run_jobs
 from circuitfade.train.loop import branch_config
+from circuitfade.train.rundir import RunDir
 
 __all__ = ["run_key", "run_dir_for", "child_of", "execute", "execute_job", "execute_ensemble", "run_sweep",
            "plan_jobs", "check_ray_address", "EXECUTORS", "EXECUTOR_HELP"]
@@ -95,7 +95,7 @@ def execute(config: dict, run_dir: str) -> dict:
     t0 = time.time()
     try:
         cfg = RunConfig.from_dict(config)
-        already = (Path(run_dir) / "done.json").is_file()
+        already = RunDir(run_dir).is_done()
         run = train(cfg, run_dir, progress=False)
         final = run.metrics[-1] if run.metrics else {}
         return {"status": "cached" if already else "done", "error": None, "seconds": time.time() - t0, **final}
@@ -112,7 +112,7 @@ def execute_ensemble(configs: Sequence[dict], run_dirs: Sequence[str]) -> list[d
     from circuitfade.train.ensemble import train_ensemble
 
     t0 = time.time()
-    already = [(Path(d) / "done.json").is_file() for d in run_dirs]
+    already = [RunDir(d).is_done() for d in run_dirs]
     try:
         outs = train_ensemble([RunConfig.from_dict(c) for c in configs], list(run_dirs), progress=False)
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
@@ -140,7 +140,7 @@ def plan_jobs(items: Sequence[tuple[RunConfig, Path]], size: int, workers: int =
     jobs: list[list[tuple[RunConfig, Path]]] = []
     groups: dict[str, list[tuple[RunConfig, Path]]] = {}
     for c, d in items:
-        if ensemble_refusal(c) is not None or (Path(d) / "done.json").is_file():
+        if ensemble_refusal(c) is not None or RunDir(d).is_done():
             jobs.append([(c, d)])
         else:
             groups.setdefault(ensemble_key(c), []).append((c, d))
@@ -330,7 +330,7 @@ def _finished(run_dir: str | Path, already: bool, failed: dict) -> dict:
     """The row of an ensemble member when its ensemble stopped: a member with ``done.json`` is done
     (``cached`` when it was before), with its recorded final metrics; any other is ``failed``."""
     try:
-        rec = json.loads((Path(run_dir) / "done.json").read_text())
+        rec = RunDir(run_dir).read_done()
         final = rec.get("final", {}) if isinstance(rec, dict) else {}
     except (OSError, ValueError):
         return dict(failed)

@@ -50,6 +50,7 @@ from circuitfade.viz.html import Note, Section, Table, page
 from circuitfade.viz.tables import markdown_table
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_label, eval_set, parse_task_args
 from circuitfade.train import read_metrics
+from circuitfade.train.rundir import RunDir
 
 __all__ = ["analyze", "analyze_main", "build_parser", "markdown_table", "report_html", "default_report_path"]
 
@@ -68,7 +69,7 @@ def _metrics_of(series: CheckpointSeries) -> tuple[pd.DataFrame | None, str | No
     """``(the run's metrics.csv, None)``, ``(None, None)`` without one, or ``(None, why)`` when
     the file is there but unreadable, empty or without a ``step`` column (``why`` names it)."""
     run_dir = series.metadata.get("run_dir")
-    f = Path(run_dir) / "metrics.csv" if run_dir else None
+    f = RunDir(run_dir).metrics_file if run_dir else None
     if series.gate_path is None or f is None or not f.exists():
         return None, None
     try:

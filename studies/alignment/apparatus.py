@@ -24,6 +24,7 @@ from circuitfade.tasks import EVAL_SEED, eval_set, make_task
 from circuitfade.tasks.kpart import kpart_model
 from circuitfade.train import RunConfig, TrainConfig, load_checkpoint, new_run, save_checkpoint, train, write_metrics
 from circuitfade.train.jobs import run_jobs
+from circuitfade.train.rundir import RunDir
 from studies.alignment.protocol import PARTS_V1
 
 __all__ = ["TASK", "V", "N_DISTRACTORS", "BATCH", "LR", "EVAL_EVERY", "EVAL_SIZE", "CHUNK", "REINIT_EVAL_EVERY",
@@ -117,10 +118,10 @@ def check_finite(run) -> None:
 def persist(run, run_dir: Path) -> None:
     """Write ``run`` (stopped at ``run.step``) as a run directory whose config ends at that step."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", run.config.to_dict())
+    RunDir(run_dir).write_config(run.config)
     write_metrics(run_dir, run.metrics)
     save_checkpoint(run, run_dir)
-    write_json(run_dir / "done.json", {"step": run.step, "final": run.metrics[-1]})
+    RunDir(run_dir).finish(run)
 
 
 def from_source(spec: Mapping, out: str):
@@ -131,7 +132,7 @@ def from_source(spec: Mapping, out: str):
     torch.set_num_threads(1)
     src = Path(out) / "runs" / job_key(spec["source"])
     t0 = time.process_time()
-    run = new_run(RunConfig.from_dict(read_json(src / "config.json")))
+    run = new_run(RunDir(src).read_config())
     load_checkpoint(run, src, int(spec["w"]))
     return run, t0
 

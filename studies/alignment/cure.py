@@ -38,12 +38,12 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from circuitfade.claims import Outcome
-from circuitfade.io import read_json, write_json
 from circuitfade.stats import binomial_exact_interval, bootstrap_median
-from circuitfade.train import EVAL_SEED, RunConfig, load_checkpoint, new_run, save_checkpoint, train
+from circuitfade.train import EVAL_SEED, load_checkpoint, new_run, save_checkpoint, train
 from circuitfade.train.surgery import reinit_slices
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
+from circuitfade.train.rundir import RunDir
 from studies.alignment.apparatus import (base_config, cure_row, first_acc, from_source, job_key,
                                          run_cached_jobs, until_ignition)
 from studies.alignment.protocol import CURE_V1, forced_v1, stamp, stamped
@@ -133,7 +133,7 @@ def _damage_at_switch(res: Mapping) -> dict:
 
     torch.set_num_threads(1)
     run_dir = Path(res["run_dir"])
-    run = new_run(RunConfig.from_dict(read_json(run_dir / "config.json")))
+    run = new_run(RunDir(run_dir).read_config())
     load_checkpoint(run, run_dir, int(res["w"]))
     run.model.eval()
     return {"w": int(res["w"]), "seed": int(res["seed"]), "ignited": res["status"] == "ignited", **damage(run)}
@@ -145,7 +145,7 @@ def _damage_rows(results: Sequence[Mapping], persisted: Path) -> list[dict]:
     old = pd.read_csv(persisted) if persisted.is_file() else None
     rows = []
     for r in results:
-        if (Path(r["run_dir"]) / "config.json").is_file():
+        if RunDir(r["run_dir"]).has_config():
             rows.append(_damage_at_switch(r))
             continue
         hit = None if old is None else old[(old.w == int(r["w"])) & (old.seed == int(r["seed"]))]
@@ -169,7 +169,7 @@ def withheld_job(spec: Mapping, out: str) -> dict:
         train(withheld_config(seed, w, w), None, run=run, progress=False)
     base_loss_at_switch = _base_loss(run)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", run.config.to_dict())
+    RunDir(run_dir).write_config(run.config)
     save_checkpoint(run, run_dir)  # the switch point: the cure starts here
     first = first_acc(run)
     ig, steps, accs = until_ignition(run, lambda s: withheld_config(seed, w, s), start=w, first=first,

@@ -54,6 +54,7 @@ from circuitfade.train import EVAL_SEED, RunConfig, complete_checkpoints, load_c
 from circuitfade.train.recipes import LOCAL_TASK, build_local_series
 from circuitfade.train.surgery import reinit_heads
 from circuitfade.viz.report import markdown_table
+from circuitfade.train.rundir import RunDir
 from studies.alignment.apparatus import (
     BASE_CAP,
     BATCH,
@@ -132,7 +133,7 @@ def reinit_job(spec: Mapping, out: str) -> dict:
     if base.get("ignition") is None:
         return {**spec, "status": "no base", "wait": None}
     run_dir = Path(base["run_dir"])
-    cfg = RunConfig.from_dict(read_json(run_dir / "config.json"))
+    cfg = RunDir(run_dir).read_config()
     t0 = time.process_time()
     run = new_run(cfg)
     load_checkpoint(run, run_dir, complete_checkpoints(run_dir)[-1])

@@ -34,12 +34,12 @@ import plotly.graph_objects as go
 import torch
 
 from circuitfade.claims import Claim, Outcome, Verdict
-from circuitfade.io import write_json
 from circuitfade.stats import binomial_exact_interval
 from circuitfade.train import EVAL_SEED, RunConfig, new_run, save_checkpoint, train
 from circuitfade.train.surgery import reinit_slices
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
+from circuitfade.train.rundir import RunDir
 from studies.alignment.apparatus import (base_config, cure_row, first_acc, from_source, job_key, run_cached_jobs,
                                          until_ignition)
 from studies.alignment.power import fisher_greater
@@ -117,7 +117,7 @@ def withheld_job(spec: Mapping, out: str) -> dict:
     if w > 0:
         train(cfg_at(w), None, run=run, progress=False, logger=log)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", run.config.to_dict())
+    RunDir(run_dir).write_config(run.config)
     save_checkpoint(run, run_dir)  # the switch point: every arm starts here
     first = first_acc(run)
     ig, steps, accs = until_ignition(run, cfg_at, start=w, first=first, cap=int(spec["budget"]), chance=task.chance)

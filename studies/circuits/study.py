@@ -34,6 +34,7 @@ from circuitfade.io import check_outputs, read_json, write_csv, write_json, writ
 from circuitfade.stats import seed_summary
 from circuitfade.train import RunConfig
 from circuitfade.viz.report import markdown_table
+from circuitfade.train.rundir import RunDir
 from studies.circuits.declaration import DECLARATION, PROVENANCE, RULES, rule_inputs
 from studies.circuits.declaration import claims as declared_claims
 
@@ -90,7 +91,7 @@ def trace_runs(root: str | Path, decl=DECLARATION, *, progress: bool = True) -> 
     try:
         for cfg in run_configs(decl):
             d = run_dir_for(root, cfg)
-            if not (d / "done.json").is_file():
+            if not RunDir(d).is_done():
                 continue
             df = trace(attach(d), [metric], n=m["examples"], progress=progress)
             df = df[df["metric"] == EDGE_ATTRIBUTION]

@@ -26,13 +26,14 @@ import pandas as pd
 from circuitfade import stats
 from circuitfade.analysis import DEFAULT_THRESHOLDS, gate_intervention_table, head_diagnostics, timeline_long
 from circuitfade.gating.paths import parse_path
-from circuitfade.io import read_json, write_csv
+from circuitfade.io import write_csv
 from circuitfade.model import LARGE_OVERRIDES
 from circuitfade.store import open_run, trace
 from circuitfade.tasks import EVAL_SEED, eval_label
 from circuitfade.train import RunConfig, TrainConfig
 from circuitfade.train.sweep import child_of, run_dir_for
 from circuitfade.viz.report import markdown_table
+from circuitfade.train.rundir import RunDir
 
 LARGE = LARGE_OVERRIDES  # the paper's larger model, as SoftPriorConfig.large() builds it
 
@@ -522,7 +523,7 @@ def mechanism_table(results, root, b: Budget, seeds, n: int = 512, progress: boo
     frames = []
     for c in mechanism_configs(seeds, root, b):
         d = run_dir_for(root, c)
-        if not (d / "done.json").is_file() or not (d / "checkpoints").is_dir():
+        if not RunDir(d).is_done() or not RunDir(d).checkpoints_dir.is_dir():
             continue
         frames.append(mechanism_trace(open_run(d), n=n, eval_sets=eval_sets, progress=progress))
     if not frames:
@@ -563,7 +564,7 @@ def interventions_table(results, root, b: Budget, seeds, n: int = 512, out_dir: 
     frames, traced = [], []
     for c in interventions_configs(seeds, root, b):
         d = run_dir_for(root, c)
-        if (d / "done.json").is_file() and (d / "checkpoints").is_dir():
+        if RunDir(d).is_done() and RunDir(d).checkpoints_dir.is_dir():
             series = open_run(d)
             t = gate_intervention_table(series[series.steps[-1]], series.task, n=n)
             traced.append(t.assign(seed=c.seed))
@@ -599,4 +600,4 @@ def interventions_table(results, root, b: Budget, seeds, n: int = 512, out_dir: 
 
 def final_metrics_of(root: str | Path, cfg: RunConfig) -> dict:
 
-    return read_json(run_dir_for(root, cfg) / "done.json")["final"]
+    return RunDir(run_dir_for(root, cfg)).read_done()["final"]

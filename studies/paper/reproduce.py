@@ -26,6 +26,7 @@ from circuitfade.tasks import make_task
 from circuitfade.train import RunConfig
 from circuitfade.train.sweep import EXECUTOR_HELP, EXECUTORS, run_dir_for, run_sweep
 from circuitfade.viz.html import Section, write_page
+from circuitfade.train.rundir import RunDir
 from studies.paper import protocol as P
 from studies.paper import rules
 from studies.paper.rules import DECLARATION
@@ -293,17 +294,15 @@ def collect(cfgs: list[RunConfig], root: Path, recorded: pd.DataFrame | None = N
     ``"recorded"``: the run folder is gone but its final metrics were kept); otherwise
     the run is marked ``"missing"``.
     """
-    import json
-
     rec = {} if recorded is None or "run" not in recorded else {r["run"]: r for r in recorded.to_dict("records")}
     rows = []
     for c in cfgs:
         d = run_dir_for(root, c)
         src = run_dir_for(runs_dir, c) if runs_dir is not None else d
-        base = {"run": d.name, "run_dir": str(src if (src / "done.json").is_file() else d), "path": c.path,
+        base = {"run": d.name, "run_dir": str(src if RunDir(src).is_done() else d), "path": c.path,
                 "seed": c.seed, "task": c.task["name"]}
-        if (src / "done.json").is_file():
-            rows.append({**base, "status": "cached", "error": None, **json.loads((src / "done.json").read_text())["final"]})
+        if RunDir(src).is_done():
+            rows.append({**base, "status": "cached", "error": None, **RunDir(src).read_done()["final"]})
         elif d.name in rec and rec[d.name].get("status") in ("cached", "done", "recorded"):
             kept = {k: v for k, v in rec[d.name].items() if k not in base and k not in ("status", "error")}
             rows.append({**base, "status": "recorded", "error": None, **kept})
@@ -489,9 +488,9 @@ def _write_html(out: Path, results: pd.DataFrame, root: Path) -> None:
     ok = results[results.status != "failed"]
     for (task, path), g in ok.groupby(["task", "path"], sort=False):
         d = Path(g.run_dir.iloc[0])
-        if not (d / "metrics.csv").is_file():
+        if not RunDir(d).has_metrics():
             continue
-        mt = pd.read_csv(d / "metrics.csv")
+        mt = RunDir(d).read_metrics()
         key = make_task(task).primary_metric.column  # acc for token tasks, mse for regression
         fig = go.Figure()
         for cond in ("normal", "zero"):

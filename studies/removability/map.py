@@ -64,7 +64,7 @@ import pandas as pd
 
 from circuitfade.analysis.continuation import continuation_signal
 from circuitfade.cli import check_count
-from circuitfade.io import atomic_write, check_outputs, read_json, write_json
+from circuitfade.io import atomic_write, check_outputs, write_json
 from circuitfade.store import open_run
 from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
@@ -73,6 +73,7 @@ from circuitfade.viz.report import markdown_table
 from circuitfade.stats import paired_t_interval
 from circuitfade.stats import t_interval as _t
 from circuitfade.claims import Claim, Outcome, Verdict, any_of, at_least, grade, verdict_table
+from circuitfade.train.rundir import CONFIG_FILE, DONE_FILE, METRICS_FILE, RunDir
 from studies.removability.declaration import DECLARATION, DECLARATIONS, PROVENANCE
 from studies.removability.figures import export_png, map_figure
 
@@ -101,7 +102,7 @@ CLASS_OUTCOME = {"path decides removability": Outcome.REPRODUCED, "undecided": O
                  "margin below 0.2": Outcome.NOT_REPRODUCED, NOT_TESTABLE: Outcome.NOT_TESTABLE,
                  "too few seeds": Outcome.NOT_RUN}
 FAMILY_ALPHA = 0.05
-RUN_FILES = ("config.json", "metrics.csv", "done.json")
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, DONE_FILE)
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,7 @@ def _run_dirs(root: Path) -> list[Path]:
 
 
 def _read_config(d: Path) -> RunConfig:
-    return RunConfig.from_dict(read_json(d / "config.json"))
+    return RunDir(d).read_config()
 
 
 def persist(roots: Iterable[str | Path], dest: str | Path, *, timing: pd.DataFrame | None = None,
@@ -332,7 +333,7 @@ def persist(roots: Iterable[str | Path], dest: str | Path, *, timing: pd.DataFra
                 counts["copied"] += 1
             tfile = target / "timing.json"
             old = json.loads(tfile.read_text()) if tfile.is_file() else None
-            start, end = (d / "config.json").stat().st_mtime, (d / "done.json").stat().st_mtime
+            start, end = RunDir(d).config_file.stat().st_mtime, RunDir(d).done_file.stat().st_mtime
             if d.name in sweep_sec:
                 sec, source = sweep_sec[d.name]
                 new = {"seconds": sec, "source": source, "start": start, "end": end}
@@ -357,9 +358,9 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
         cell = cell_of(cfg)
         if cell is None:
             continue
-        done = json.loads((d / "done.json").read_text())
+        done = RunDir(d).read_done()
         final = done.get("final", {})
-        metrics = pd.read_csv(d / "metrics.csv")
+        metrics = RunDir(d).read_metrics()
         acc = float(final.get("acc_zero", math.nan))
         if int(done.get("step", -1)) != cfg.train.steps or not math.isfinite(acc):
             problems.append(f"{d.name}: done.json step {done.get('step')} (budget {cfg.train.steps}), acc_zero {acc}")
@@ -463,7 +464,7 @@ def continuation_rows(runs: pd.DataFrame, roots: Sequence[str | Path], *, k: int
     rows, missing = [], []
     it = tqdm(list(runs.itertuples()), desc="continuation signal", unit="run", disable=not progress)
     for r in it:
-        d = next((Path(root) / r.run for root in roots if (Path(root) / r.run / "checkpoints").is_dir()), None)
+        d = next((Path(root) / r.run for root in roots if RunDir(Path(root) / r.run).checkpoints_dir.is_dir()), None)
         if d is None:
             missing.append(r.run)
             continue
