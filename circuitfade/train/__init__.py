@@ -4,7 +4,9 @@ Layer 3, one module per job:
 
 * :mod:`~circuitfade.train.config` - :class:`TrainConfig`, :class:`RunConfig` (validated at construction)
 * :mod:`~circuitfade.train.state` - :class:`Run` (live model/optimizer/generators), :func:`new_run`, :func:`clone_run`
-* :mod:`~circuitfade.train.checkpoints` - the run directory: checkpoints, metrics, done/failed records
+* :mod:`~circuitfade.train.rundir` - :class:`RunDir`, the run directory: file names, config, metrics, checkpoints,
+  optimizer state, done/failed records
+* :mod:`~circuitfade.train.checkpoints` - the same as functions (:func:`save_checkpoint`, :func:`load_checkpoint`, ...)
 * :mod:`~circuitfade.train.lock` - one trainer per run directory
 * :mod:`~circuitfade.train.loop` - :func:`fit` (the loop), :func:`train`, :func:`branch`
 * :mod:`~circuitfade.train.jobs` - :func:`run_jobs`, the one process pool (sweeps, the demo, the studies)
