@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 import einops
 import torch
@@ -49,7 +49,9 @@ from circuitfade.model.files import CONFIG_FILE, WEIGHTS_FILE
 from circuitfade.model.priors import PriorInputs, build_prior
 
 __all__ = ["PriorAttentionCore", "PriorBlockCore", "SoftPriorCore", "check_gate_value", "gate_tensor",
-           "logits_at_all_positions", "attention_scale", "next_token_loss", "layer_norm_unhooked"]
+           "logits_at_all_positions", "attention_scale", "next_token_loss", "layer_norm_unhooked",
+           "ATTENTION_WEIGHTS", "PriorTerm", "causal_mask", "member_linear", "module_prior_term",
+           "prior_attention", "fused_block", "fused_logits"]
 
 
 # --------------------------------------------------------------------------------------
@@ -127,6 +129,162 @@ def layer_norm_unhooked(module: nn.Module, x: Tensor) -> Tensor:
     if hasattr(module, "w") and hasattr(module, "b") and type(module).__name__ == "LayerNorm":
         return F.layer_norm(x, (x.shape[-1],), module.w, module.b, module.eps)
     return module(x)
+
+
+# --------------------------------------------------------------------------------------
+# the fused forward, once: weights with or without a leading member axis
+# --------------------------------------------------------------------------------------
+ATTENTION_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+"""The names of an attention module's weights, the keys :func:`prior_attention` reads."""
+
+PriorTerm = Callable[[str, nn.Module, PriorInputs], "tuple[Tensor, Tensor] | Tensor"]
+"""``(name, prior, inputs) ->`` the prior's low-rank factors ``(a, b)`` (``B = a b^T``) or its bias."""
+
+
+def causal_mask(n: int, device=None) -> Float[Tensor, "pos pos"]:
+    """The additive causal mask ``[n, n]``: 0 on and below the diagonal, -inf above."""
+    return torch.full((n, n), float("-inf"), device=device).triu(1)
+
+
+def member_linear(x: Float[Tensor, "*lead rows d_in"], w: Float[Tensor, "*members d_in d_out"],
+                  b: Float[Tensor, "*members d_out"], *, fused_bias: bool = False) -> Float[Tensor, "*lead rows d_out"]:
+    """``x @ w + b``. Without a member axis (``w`` ``[d_in, d_out]``): one matmul then the bias
+    added (``fused_bias``: one ``F.linear``, the bias inside the kernel). With one (``w``
+    ``[E, d_in, d_out]``, ``b`` ``[E, d_out]``, ``x`` ``[E, ..., d_in]``): one ``baddbmm``, the bias
+    added to each member's finished product, as the single model's kernels do."""
+    if w.dim() == 2:
+        return F.linear(x, w.T, b) if fused_bias else x @ w + b
+    E = w.shape[0]
+    out = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, -1, x.shape[-1]), w)
+    return out.view(*x.shape[:-1], w.shape[-1])
+
+
+def module_prior_term(name: str, prior: nn.Module, inputs: PriorInputs) -> tuple[Tensor, Tensor] | Tensor:
+    """A prior module's own term: its factors where it has them, else its bias (:data:`PriorTerm`)."""
+    ab = prior.factors(inputs)
+    return prior(inputs) if ab is None else ab
+
+
+def _head_gate(g: Float[Tensor, "*members head"]) -> Tensor:
+    """A gate ``[head]`` as ``[head, 1, 1]``; ``[E, head]`` as ``[E, 1, head, 1, 1]`` (against ``[.., batch, head, q, k]``)."""
+    g = g[..., None, None]
+    return g if g.dim() == 3 else g.unsqueeze(1)
+
+
+def prior_attention(
+    attn: nn.Module,
+    x: Float[Tensor, "*members batch pos d_model"],
+    token_embed: Float[Tensor, "*members batch pos d_model"],
+    causal: Float[Tensor, "pos pos"],
+    weights: Mapping[str, Tensor],
+    gates: Mapping[str, Tensor],
+    rows: Int[Tensor, "n_rows"] | None = None,
+    prior_term: PriorTerm = module_prior_term,
+) -> Float[Tensor, "*members batch pos_or_rows d_model"]:
+    """The fused attention with priors (main paper, Eq. 1), per (member,) batch and head::
+
+        softmax(Q K^T / attn_scale + Σ_p g_p B^p + causal) V W_O + b_O
+
+    one QKV matmul, low-rank priors ``B = a b^T`` as extra query-key columns, the other priors
+    (gated) plus the causal mask added to the scores. ``attn``: the attention module whose
+    ``priors``, ``attn_scale`` and ``cfg`` this layer has; ``weights[name]`` for each name in
+    :data:`ATTENTION_WEIGHTS` (TransformerLens's shapes, or with a leading member axis ``E``, then
+    ``x``, ``token_embed`` and the gates ``[E, head]`` have it too); ``gates[prior]``: ``[head]``;
+    ``prior_term``: each prior's factors or bias on these inputs (:func:`module_prior_term`
+    calls the prior module).
+
+    With ``rows`` (query positions), queries, attention and the output are computed only at
+    those positions (keys and values still at every position). Not for priors that need the
+    scores with ``rows``.
+    """
+    H, Dh = attn.cfg.n_heads, attn.cfg.d_head
+    scale = attn.attn_scale
+    W = weights
+    if rows is None:
+        w = torch.stack([W["W_Q"], W["W_K"], W["W_V"]], -4).movedim(-2, -4).flatten(-3)  # [*E, d_model, 3*head*d_head]
+        b = torch.stack([W["b_Q"], W["b_K"], W["b_V"]], -3).flatten(-3)
+        # q, k, v [*E, batch, head, pos, d_head] each (unbind on the q/k/v axis: the backward stacks
+        # the three gradients straight into the product's layout)
+        q, k, v = (t.transpose(-3, -2) for t in member_linear(x, w, b).unflatten(-1, (3, H, Dh)).unbind(-3))
+    else:
+        w = torch.stack([W["W_K"], W["W_V"]], -4).movedim(-2, -4).flatten(-3)
+        b = torch.stack([W["b_K"], W["b_V"]], -3).flatten(-3)
+        k, v = (t.transpose(-3, -2) for t in member_linear(x, w, b).unflatten(-1, (2, H, Dh)).unbind(-3))
+        q = member_linear(x[..., rows, :], W["W_Q"].movedim(-3, -2).flatten(-2), W["b_Q"].flatten(-2))
+        q = q.unflatten(-1, (H, Dh)).transpose(-3, -2)  # [*E, batch, head, rows, d_head]
+        causal = causal[rows]
+    M = q.shape[-2]
+    needs = any(p.needs_scores for p in attn.priors.values())
+    scores = (q @ k.transpose(-1, -2)) / scale if needs else None
+    inputs = PriorInputs(token_embed, x, scores, query_index=rows)
+    qs, ks, bias = [q / scale], [k], None
+    for name, prior in attn.priors.items():
+        g = _head_gate(gates[name].to(q.dtype))
+        term = prior_term(name, prior, inputs)
+        if isinstance(term, tuple):  # low-rank factors: extra query-key columns
+            qs.append(term[0] * g)
+            ks.append(term[1])
+            continue
+        if rows is not None and term.shape[-2] != M:
+            term = term[..., rows, :]  # a prior that ignores query_index: keep the rows asked for
+        bias = g * term if bias is None else bias + g * term
+    mask = causal if bias is None else bias + causal  # [*E, batch_or_1, head, q, k]
+    if len(qs) > 1:
+        q, k = torch.cat(qs, -1), torch.cat(ks, -1)
+    else:
+        q = qs[0]
+    # no row is fully masked (the diagonal is always visible), so a plain softmax is exact
+    pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
+    z = (pattern @ v).transpose(-3, -2).flatten(-2)  # [*E, batch, pos_or_rows, head*d_head]
+    return member_linear(z, W["W_O"].flatten(-3, -2), W["b_O"], fused_bias=True)
+
+
+def fused_block(
+    resid: Float[Tensor, "*members batch pos d_model"],
+    attend: Callable[[Tensor], Tensor],
+    ln1: Callable[[Tensor], Tensor],
+    ln2: Callable[[Tensor], Tensor] | None = None,
+    mlp: Callable[[Tensor], Tensor] | None = None,
+    rows: Int[Tensor, "n_rows"] | None = None,
+) -> Float[Tensor, "*members batch pos_or_rows d_model"]:
+    """A block on the fused path: ``resid + attend(ln1(resid))`` then ``+ mlp(ln2(·))`` (no MLP
+    when ``mlp`` is None); with ``rows``, the residual is kept at those positions only."""
+    attn_out = attend(ln1(resid))
+    resid = (resid if rows is None else resid[..., rows, :]) + attn_out
+    if mlp is not None:
+        resid = resid + mlp(ln2(resid))
+    return resid
+
+
+def fused_logits(
+    embed: Float[Tensor, "*members batch pos d_model"],
+    blocks: Sequence[Callable[[Tensor, Tensor | None], Tensor]],
+    W_U: Float[Tensor, "*members d_model d_vocab_out"],
+    b_U: Float[Tensor, "*members d_vocab_out"],
+    *,
+    W_pos: Float[Tensor, "*members n_ctx d_model"] | None = None,
+    ln_final: Callable[[Tensor], Tensor] | None = None,
+    rows: Int[Tensor, "n_rows"] | None = None,
+    stop_at_layer: int | None = None,
+) -> Float[Tensor, "*members batch pos_or_rows d_vocab_out"]:
+    """The model's fused forward from token embeddings: ``+ W_pos`` (learned positions), each
+    block ``blocks[i](resid, rows_or_None)`` (``rows`` in the last block only), ``ln_final``,
+    unembedding (``F.linear``; with a member axis one ``baddbmm``). With ``stop_at_layer``: the
+    residual stream before that block."""
+    n = embed.shape[-2]
+    resid = embed
+    if W_pos is not None:
+        pos = W_pos[..., :n, :]
+        resid = embed + (pos if pos.dim() == 2 else pos.unsqueeze(-3))
+    blocks = blocks[:stop_at_layer]
+    last = len(blocks) - 1
+    for i, block in enumerate(blocks):
+        resid = block(resid, rows if i == last else None)
+    if stop_at_layer is not None:
+        return resid
+    if ln_final is not None:
+        resid = ln_final(resid)
+    return member_linear(resid, W_U, b_U, fused_bias=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -284,55 +442,17 @@ class PriorAttentionCore:
         causal: Float[Tensor, "query_pos key_pos"],
         rows: Int[Tensor, "n_rows"] | None = None,
     ) -> Float[Tensor, "batch pos_or_rows d_model"]:
-        """Unhooked path: one QKV matmul, low-rank priors as extra query-key columns, the
-        other priors (gated) plus the causal mask added to the scores.
+        """Unhooked path (:func:`prior_attention` on this module's weights and gates): one QKV
+        matmul, low-rank priors as extra query-key columns, the other priors (gated) plus the
+        causal mask added to the scores.
 
         With ``rows`` (query positions), queries, attention and the output are computed
         only at those positions (keys and values still at every position); the result is
         ``[batch, len(rows), d_model]``. Not for priors that need the scores.
         """
-        B, P, _ = x.shape
-        H, Dh = self.cfg.n_heads, self.cfg.d_head
-        if rows is None:
-            w = torch.stack([self.W_Q, self.W_K, self.W_V])  # [3, head, d_model, d_head]
-            b = torch.stack([self.b_Q, self.b_K, self.b_V])  # [3, head, d_head]
-            qkv = x @ w.permute(2, 0, 1, 3).reshape(x.shape[-1], 3 * H * Dh) + b.reshape(-1)
-            q, k, v = qkv.view(B, P, 3, H, Dh).permute(2, 0, 3, 1, 4)  # 3 x [batch, head, pos, d_head]
-            M = P
-        else:
-            w = torch.stack([self.W_K, self.W_V])  # [2, head, d_model, d_head]
-            b = torch.stack([self.b_K, self.b_V])
-            kv = x @ w.permute(2, 0, 1, 3).reshape(x.shape[-1], 2 * H * Dh) + b.reshape(-1)
-            k, v = kv.view(B, P, 2, H, Dh).permute(2, 0, 3, 1, 4)  # 2 x [batch, head, pos, d_head]
-            M = rows.numel()
-            q = x[:, rows] @ self.W_Q.permute(1, 0, 2).reshape(x.shape[-1], H * Dh) + self.b_Q.reshape(-1)
-            q = q.view(B, M, H, Dh).transpose(1, 2)  # [batch, head, rows, d_head]
-            causal = causal[rows]
-        needs = any(p.needs_scores for p in self.priors.values())
-        scores = (q @ k.transpose(-1, -2)) / self.attn_scale if needs else None
-        inputs = PriorInputs(token_embed, x, scores, query_index=rows)
-        # low-rank priors (a @ b^T) join the query-key product as extra columns; the rest add to the mask
-        qs, ks, bias = [q / self.attn_scale], [k], None
-        for name, prior in self.priors.items():
-            g = self.gate(name).to(q.dtype)[:, None, None]
-            ab = prior.factors(inputs)
-            if ab is not None:
-                qs.append(ab[0] * g)
-                ks.append(ab[1])
-                continue
-            term = prior(inputs)
-            if rows is not None and term.shape[-2] != M:
-                term = term[..., rows, :]
-            bias = g * term if bias is None else bias + g * term
-        mask = causal if bias is None else bias + causal  # [batch_or_1, head, q, k]
-        if len(qs) > 1:
-            q, k = torch.cat(qs, -1), torch.cat(ks, -1)
-        else:
-            q = qs[0]
-        # no row is fully masked (the diagonal is always visible), so a plain softmax is exact
-        pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
-        z = (pattern @ v).transpose(1, 2).reshape(B, M, H * Dh)  # [batch, pos_or_rows, head*d_head]
-        return F.linear(z, self.W_O.flatten(0, 1).T, self.b_O)
+        weights = {name: getattr(self, name) for name in ATTENTION_WEIGHTS}
+        gates = {name: self.gate(name) for name in self.priors}
+        return prior_attention(self, x, token_embed, causal, weights, gates, rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -353,11 +473,9 @@ class PriorBlockCore:
         """``resid + attn(ln1(resid))`` then ``+ mlp(ln2(·))``. With ``causal`` (the additive mask):
         the fused path, no hooks (``rows``: only those query positions); else every hook fires."""
         if causal is not None:
-            attn_out = self.attn.forward_fused(layer_norm_unhooked(self.ln1, resid_pre), token_embed, causal, rows)
-            resid = (resid_pre if rows is None else resid_pre[:, rows]) + attn_out
-            if not self.cfg.attn_only:
-                resid = resid + self.mlp(layer_norm_unhooked(self.ln2, resid))
-            return resid
+            return fused_block(resid_pre, lambda h: self.attn.forward_fused(h, token_embed, causal, rows),
+                               lambda h: layer_norm_unhooked(self.ln1, h), lambda h: layer_norm_unhooked(self.ln2, h),
+                               None if self.cfg.attn_only else self.mlp, rows)
         resid_pre = self.hook_resid_pre(resid_pre)  # [batch, pos, d_model]
         attn_out = self.hook_attn_out(self.attn.forward_prior(self.ln1(resid_pre), token_embed))
         if self.cfg.attn_only:
@@ -462,27 +580,22 @@ class SoftPriorCore:
             if not fused or stop_at_layer is not None:
                 rows = None
         if fused:
-            causal = self._causal(n, tokens.device)
-            embed = self._embed(tokens)
-            resid = embed
-            if self.cfg.positional_embedding_type in ("standard", "shortformer"):
-                resid = embed + self.pos_embed.W_pos[:n]
+            logits = self._fused_logits(tokens, rows, stop_at_layer)
+            if stop_at_layer is not None:
+                return logits
         else:
-            causal = None
             embed = self.hook_embed(self._embed(tokens))  # [batch, pos, d_model]
             # its own tensor: an in-place hook on the residual must not change what the priors read
             resid = embed.clone() if self.cfg.nope else embed
             if self.cfg.positional_embedding_type in ("standard", "shortformer"):
                 resid = embed + self.hook_pos_embed(self.pos_embed.W_pos[:n].expand(embed.shape[0], -1, -1))
-        blocks = self.blocks[:stop_at_layer]
-        last = len(blocks) - 1
-        for i, block in enumerate(blocks):
-            resid = block(resid, embed, causal, rows if i == last else None)
-        if stop_at_layer is not None:
-            return resid
-        if self.cfg.normalization_type is not None:
-            resid = layer_norm_unhooked(self.ln_final, resid) if fused else self.ln_final(resid)
-        logits = F.linear(resid, self.unembed.W_U.T, self.unembed.b_U) if fused else self.unembed(resid)
+            for block in self.blocks[:stop_at_layer]:
+                resid = block(resid, embed)
+            if stop_at_layer is not None:
+                return resid
+            if self.cfg.normalization_type is not None:
+                resid = self.ln_final(resid)
+            logits = self.unembed(resid)
         logits = logits_at_all_positions(logits, rows, n)
         if return_type == "logits":
             return logits
@@ -493,12 +606,25 @@ class SoftPriorCore:
         loss = next_token_loss(logits, tokens, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
+    def _fused_logits(self, tokens: Tensor, rows: Tensor | None, stop_at_layer: int | None) -> Tensor:
+        """The fused path (:func:`fused_logits` on this model's weights): logits, or the residual
+        stream before block ``stop_at_layer``."""
+        embed = self._embed(tokens)
+        causal = self._causal(tokens.shape[1], tokens.device)
+        blocks = [lambda resid, r, block=block: block(resid, embed, causal, r) for block in self.blocks]
+        learned_pos = self.cfg.positional_embedding_type in ("standard", "shortformer")
+        norm = self.cfg.normalization_type is not None
+        return fused_logits(embed, blocks, self.unembed.W_U, self.unembed.b_U,
+                            W_pos=self.pos_embed.W_pos if learned_pos else None,
+                            ln_final=(lambda h: layer_norm_unhooked(self.ln_final, h)) if norm else None,
+                            rows=rows, stop_at_layer=stop_at_layer)
+
     def _causal(self, n: int, device) -> Tensor:
-        """The additive causal mask ``[n, n]`` (0 on and below the diagonal, -inf above), cached."""
+        """:func:`causal_mask` ``[n, n]``, cached."""
         key = (n, str(device))
         mask = self._causal_cache.get(key)
         if mask is None:
-            mask = torch.full((n, n), float("-inf"), device=device).triu(1)
+            mask = causal_mask(n, device)
             self._causal_cache = {key: mask}
         return mask
 
