@@ -1,7 +1,8 @@
 """The stacked model and its optimizer: E models of one shape as ``[E, *shape]`` tensors.
 
-:class:`StackedModel` computes the single model's fused forward (answer-position rows included)
-with a leading member axis; :class:`BatchedAdamW` applies torch's AdamW to each member's slices
+:class:`StackedModel` runs the single model's fused forward (answer-position rows included):
+the same functions of :mod:`circuitfade.model.core` (``prior_attention``, ``fused_block``,
+``fused_logits``) on weights, gates and prior inputs stacked with a leading member axis; :class:`BatchedAdamW` applies torch's AdamW to each member's slices
 with that member's settings. Both do, per member, what the single run's kernels do, so a
 member's loss, gradients and update equal its single run's bit for bit on the CPU (see
 :mod:`circuitfade.train.ensemble`, which trains with them, and ``tests/test_ensemble.py``).
@@ -21,6 +22,7 @@ from torch.func import functional_call
 from torch.optim.adamw import adamw as adamw_step
 
 from circuitfade.model import SoftPriorTransformer
+from circuitfade.model.core import ATTENTION_WEIGHTS, causal_mask, fused_block, fused_logits, prior_attention
 from circuitfade.model.priors import BilinearContentBias, PriorInputs, RelativePositionBias
 
 __all__ = ["StackedModel", "BatchedAdamW", "GateValues"]
@@ -147,74 +149,27 @@ class StackedModel:
                   token_embed: Float[Tensor, "E batch pos d_model"], causal: Float[Tensor, "pos pos"],
                   rows: Int[Tensor, "rows"] | None, zero: Bool[Tensor, "E"] | None,
                   override: GateValues | None = None) -> Float[Tensor, "E batch pos_or_rows d_model"]:
-        """:meth:`SoftPriorAttention.forward_fused` with a member axis: per member and head,
-        ``softmax(Q K^T / sqrt(d_head) + sum_p g_p B^p + causal) V W_O + b_O``, the low-rank priors
-        as extra query-key columns, queries only at ``rows`` when given."""
+        """Block ``layer``'s attention: :func:`~circuitfade.model.core.prior_attention` (the single
+        model's fused attention) on the members' stacked weights, gates and prior terms."""
         attn = self.template.blocks[layer].attn
         pre = f"blocks.{layer}.attn."
-        P_ = self.params
-        E, B, P, D = x.shape
-        H, Dh = self.cfg.n_heads, self.cfg.d_head
-        if rows is None:
-            w = torch.stack([P_[pre + "W_Q"], P_[pre + "W_K"], P_[pre + "W_V"]], 1)  # [E, 3, head, d_model, d_head]
-            b = torch.stack([P_[pre + "b_Q"], P_[pre + "b_K"], P_[pre + "b_V"]], 1)  # [E, 3, head, d_head]
-            # x @ w + b in one kernel (bias added to the finished product: the single model's mm then add)
-            qkv = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, B * P, D),
-                                w.permute(0, 3, 1, 2, 4).reshape(E, D, 3 * H * Dh))
-            # unbind along the q/k/v axis (not a permute then unbind): the backward then stacks the three
-            # gradients straight into qkv's layout (one copy, not a stack and a strided reshape)
-            q, k, v = (t.transpose(2, 3) for t in qkv.view(E, B, P, 3, H, Dh).unbind(3))  # [E, batch, head, pos, d_head]
-            M = P
-        else:
-            w = torch.stack([P_[pre + "W_K"], P_[pre + "W_V"]], 1)
-            b = torch.stack([P_[pre + "b_K"], P_[pre + "b_V"]], 1)
-            kv = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, B * P, D),
-                               w.permute(0, 3, 1, 2, 4).reshape(E, D, 2 * H * Dh))
-            k, v = (t.transpose(2, 3) for t in kv.view(E, B, P, 2, H, Dh).unbind(3))
-            M = rows.numel()
-            xq = x[:, :, rows].reshape(E, B * M, D)
-            q = torch.baddbmm(P_[pre + "b_Q"].reshape(E, 1, -1), xq, P_[pre + "W_Q"].permute(0, 2, 1, 3).reshape(E, D, H * Dh))
-            q = q.view(E, B, M, H, Dh).transpose(2, 3)  # [E, batch, head, rows, d_head]
-            causal = causal[rows]
-        scale = attn.attn_scale
-        needs = any(p.needs_scores for p in attn.priors.values())
-        scores = (q @ k.transpose(-1, -2)) / scale if needs else None
-        inputs = PriorInputs(token_embed, x, scores, query_index=rows)
-        qs, ks, bias = [q / scale], [k], None
-        gates = self.gates(layer, zero, override)
-        for name, prior in attn.priors.items():
-            g = gates[name].to(q.dtype).view(E, 1, H, 1, 1)
-            ppre = pre + f"priors.{name}."
-            if type(prior) is BilinearContentBias:
-                ab = self._content_factors(prior, ppre, token_embed, rows)
-            elif type(prior) is RelativePositionBias:
-                ab = None
-            else:
-                ab = self._member_prior(prior, ppre, inputs, factors=True)
-            if ab is not None:
-                qs.append(ab[0] * g)
-                ks.append(ab[1])
-                continue
-            if type(prior) is RelativePositionBias:
-                index = prior.rel_index[:P, :P]
-                if rows is not None:
-                    index = index[rows]
-                term = P_[ppre + "pos_bias"][:, :, index].unsqueeze(1)  # [E, 1, head, rows, key_pos]
-            else:
-                term = self._member_prior(prior, ppre, inputs, factors=False)
-                if rows is not None and term.shape[-2] != M:
-                    term = term[..., rows, :]
-            bias = g * term if bias is None else bias + g * term
-        mask = causal if bias is None else bias + causal
-        if len(qs) > 1:
-            q, k = torch.cat(qs, -1), torch.cat(ks, -1)
-        else:
-            q = qs[0]
-        pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
-        z = (pattern @ v).transpose(2, 3).reshape(E, B * M, H * Dh)
-        W_O = P_[pre + "W_O"].flatten(1, 2)  # [E, head*d_head, d_model]
-        out = torch.baddbmm(P_[pre + "b_O"].unsqueeze(1), z, W_O)
-        return out.view(E, B, M, D)
+        weights = {name: self.params[pre + name] for name in ATTENTION_WEIGHTS}
+        return prior_attention(attn, x, token_embed, causal, weights, self.gates(layer, zero, override), rows,
+                               prior_term=lambda name, prior, inputs: self._prior_term(layer, name, prior, inputs))
+
+    def _prior_term(self, layer: int, name: str, prior: nn.Module, inputs: PriorInputs):
+        """Prior ``name``'s factors or bias for every member (``[E, ...]``), with the members' weights."""
+        ppre = f"blocks.{layer}.attn.priors.{name}."
+        if type(prior) is BilinearContentBias:
+            return self._content_factors(prior, ppre, inputs.token_embed, inputs.query_index)
+        if type(prior) is RelativePositionBias:
+            P = inputs.token_embed.shape[-2]
+            index = prior.rel_index[:P, :P]
+            if inputs.query_index is not None:
+                index = index[inputs.query_index]
+            return self.params[ppre + "pos_bias"][:, :, index].unsqueeze(1)  # [E, 1, head, rows, key_pos]
+        ab = self._member_prior(prior, ppre, inputs, factors=True)
+        return ab if ab is not None else self._member_prior(prior, ppre, inputs, factors=False)
 
     def _content_factors(self, prior: BilinearContentBias, ppre: str, e: Tensor, rows: Tensor | None):
         eq = e if rows is None else e[:, :, rows]
@@ -247,28 +202,25 @@ class StackedModel:
         (``gates[layer][prior]``: ``[E, head]``) in place of the members' own."""
         self._views = {}
         cfg = self.cfg
-        n = x.shape[2]
-        causal = torch.full((n, n), float("-inf"), device=x.device).triu(1)
         embed = self.embed(x)
-        resid = embed
-        if cfg.positional_embedding_type in ("standard", "shortformer"):
-            resid = embed + self.params["pos_embed.W_pos"][:, None, :n]
-        last = cfg.n_layers - 1
-        for i, block in enumerate(self.template.blocks):
-            r = rows if i == last else None
-            h = self._per_member(block.ln1, f"blocks.{i}.ln1.", resid)
-            attn_out = self.attention(i, h, embed, causal, r, zero, gates)
-            resid = (resid if r is None else resid[:, :, r]) + attn_out
-            if not cfg.attn_only:
-                resid = resid + self._per_member(block.mlp, f"blocks.{i}.mlp.",
-                                                 self._per_member(block.ln2, f"blocks.{i}.ln2.", resid))
-        if cfg.normalization_type is not None:
-            resid = self._per_member(self.template.ln_final, "ln_final.", resid)
-        E, B, M, D = resid.shape
-        W_U = self.params["unembed.W_U"]
-        out = torch.baddbmm(self.params["unembed.b_U"].unsqueeze(1), resid.reshape(E, B * M, D), W_U)
+        causal = causal_mask(x.shape[2], x.device)
+
+        def block(i: int, resid: Tensor, r: Tensor | None) -> Tensor:
+            b, pre = self.template.blocks[i], f"blocks.{i}."
+            return fused_block(resid, lambda h: self.attention(i, h, embed, causal, r, zero, gates),
+                               lambda h: self._per_member(b.ln1, pre + "ln1.", h),
+                               lambda h: self._per_member(b.ln2, pre + "ln2.", h),
+                               None if cfg.attn_only else (lambda h: self._per_member(b.mlp, pre + "mlp.", h)), r)
+
+        learned_pos = cfg.positional_embedding_type in ("standard", "shortformer")
+        norm = cfg.normalization_type is not None
+        out = fused_logits(embed, [lambda resid, r, i=i: block(i, resid, r) for i in range(cfg.n_layers)],
+                           self.params["unembed.W_U"], self.params["unembed.b_U"],
+                           W_pos=self.params["pos_embed.W_pos"] if learned_pos else None,
+                           ln_final=(lambda h: self._per_member(self.template.ln_final, "ln_final.", h)) if norm else None,
+                           rows=rows)
         self._views = {}
-        return out.view(E, B, M, W_U.shape[-1])
+        return out
 
     # -- members ------------------------------------------------------------------------------------
     def copy_to(self, e: int, model: SoftPriorTransformer) -> None:
