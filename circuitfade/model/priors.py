@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 import torch.nn as nn
@@ -86,6 +86,13 @@ class AttentionPrior(nn.Module):
         """
         return None
 
+    def member_term(self, inputs: PriorInputs, weights: Mapping[str, Tensor]) -> tuple[Tensor, Tensor] | Tensor | None:
+        """This prior for E models of one shape at once: ``weights[name]`` is each of its parameters
+        stacked ``[E, *shape]`` and ``inputs`` carry a leading member axis; the result is what
+        :meth:`factors` (a tuple) or else :meth:`forward` gives, with that axis in front. ``None``
+        (the default): no such form; the stacked model then calls the prior once per member."""
+        return None
+
 
 def relative_distance(n_ctx: int, device=None) -> torch.Tensor:
     """``[n_ctx, n_ctx]`` long tensor with entry ``[i, j] = max(i - j, 0)``.
@@ -112,11 +119,20 @@ class RelativePositionBias(AttentionPrior):
         self.register_buffer("rel_index", relative_distance(cfg.n_ctx), persistent=False)
 
     def forward(self, inputs: PriorInputs) -> Float[Tensor, "1 head query_pos key_pos"]:
-        n = inputs.token_embed.shape[1]
+        return self._bias(self.pos_bias, inputs)
+
+    def member_term(self, inputs: PriorInputs, weights: Mapping[str, Tensor]) -> Tensor | None:
+        """``[E, 1, head, query_pos, key_pos]`` from ``weights["pos_bias"]`` ``[E, head, n_ctx]``."""
+        if type(self).forward is not RelativePositionBias.forward:
+            return None  # a subclass with a bias of its own
+        return self._bias(weights["pos_bias"], inputs)
+
+    def _bias(self, pos_bias: Float[Tensor, "*members head n_ctx"], inputs: PriorInputs) -> Tensor:
+        n = inputs.token_embed.shape[-2]
         index = self.rel_index[:n, :n]
         if inputs.query_index is not None:
             index = index[inputs.query_index]
-        return self.pos_bias[:, index].unsqueeze(0)
+        return pos_bias[..., index].unsqueeze(-4)
 
 
 class BilinearContentBias(AttentionPrior):
@@ -141,10 +157,19 @@ class BilinearContentBias(AttentionPrior):
         nn.init.normal_(self.W_ck, std=cfg.d_model**-0.5)
 
     def factors(self, inputs: PriorInputs) -> tuple[Tensor, Tensor]:
+        return self._factors(self.W_cq, self.W_ck, inputs)
+
+    def member_term(self, inputs: PriorInputs, weights: Mapping[str, Tensor]) -> tuple[Tensor, Tensor] | None:
+        """The factors ``[E, batch, head, pos, r]`` from ``weights["W_cq"]``, ``weights["W_ck"]`` ``[E, head, d_model, r]``."""
+        if type(self).factors is not BilinearContentBias.factors:
+            return None  # a subclass with factors of its own
+        return self._factors(weights["W_cq"], weights["W_ck"], inputs)
+
+    def _factors(self, W_cq: Tensor, W_ck: Tensor, inputs: PriorInputs) -> tuple[Tensor, Tensor]:
         e = inputs.token_embed
-        eq = e if inputs.query_index is None else e[:, inputs.query_index]
-        cq = torch.einsum("bpd,hdr->bhpr", eq, self.W_cq) * self.scale  # [batch, head, query_pos, r]
-        ck = torch.einsum("bpd,hdr->bhpr", e, self.W_ck)  # [batch, head, pos, r]
+        eq = e if inputs.query_index is None else e[..., inputs.query_index, :]
+        cq = torch.einsum("...bpd,...hdr->...bhpr", eq, W_cq) * self.scale  # [*E, batch, head, query_pos, r]
+        ck = torch.einsum("...bpd,...hdr->...bhpr", e, W_ck)  # [*E, batch, head, pos, r]
         return cq, ck
 
     def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:

@@ -23,7 +23,7 @@ from torch.optim.adamw import adamw as adamw_step
 
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.core import ATTENTION_WEIGHTS, causal_mask, fused_block, fused_logits, prior_attention
-from circuitfade.model.priors import BilinearContentBias, PriorInputs, RelativePositionBias
+from circuitfade.model.priors import PriorInputs
 
 __all__ = ["StackedModel", "BatchedAdamW", "GateValues"]
 
@@ -158,24 +158,15 @@ class StackedModel:
                                prior_term=lambda name, prior, inputs: self._prior_term(layer, name, prior, inputs))
 
     def _prior_term(self, layer: int, name: str, prior: nn.Module, inputs: PriorInputs):
-        """Prior ``name``'s factors or bias for every member (``[E, ...]``), with the members' weights."""
+        """Prior ``name``'s factors or bias for every member (``[E, ...]``), with the members' weights:
+        the prior's own :meth:`~circuitfade.model.priors.AttentionPrior.member_term` where it has
+        one, else the prior called once per member."""
         ppre = f"blocks.{layer}.attn.priors.{name}."
-        if type(prior) is BilinearContentBias:
-            return self._content_factors(prior, ppre, inputs.token_embed, inputs.query_index)
-        if type(prior) is RelativePositionBias:
-            P = inputs.token_embed.shape[-2]
-            index = prior.rel_index[:P, :P]
-            if inputs.query_index is not None:
-                index = index[inputs.query_index]
-            return self.params[ppre + "pos_bias"][:, :, index].unsqueeze(1)  # [E, 1, head, rows, key_pos]
+        term = prior.member_term(inputs, {n: self.params[ppre + n] for n, _ in prior.named_parameters()})
+        if term is not None:
+            return term
         ab = self._member_prior(prior, ppre, inputs, factors=True)
         return ab if ab is not None else self._member_prior(prior, ppre, inputs, factors=False)
-
-    def _content_factors(self, prior: BilinearContentBias, ppre: str, e: Tensor, rows: Tensor | None):
-        eq = e if rows is None else e[:, :, rows]
-        cq = torch.einsum("ebpd,ehdr->ebhpr", eq, self.params[ppre + "W_cq"]) * prior.scale
-        ck = torch.einsum("ebpd,ehdr->ebhpr", e, self.params[ppre + "W_ck"])
-        return cq, ck
 
     def _member_prior(self, prior: nn.Module, ppre: str, inputs: PriorInputs, *, factors: bool):
         """A prior the stack has no batched form for (the registered priors other than ``pos`` and
