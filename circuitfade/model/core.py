@@ -6,7 +6,12 @@ Each attention head computes (main paper, Eq. 1)::
 
 with one gate ``g_p`` per layer, head and prior ``p`` (see :mod:`circuitfade.model.priors`).
 This module holds that computation and the model API around it as mixins that import
-neither line's model classes (only ``HookPoint``, which both lines share):
+neither line's model classes (only ``HookPoint``, which both lines share). The fused path
+is written once as functions over weights with an optional leading member axis
+(:func:`prior_attention`, :func:`fused_block`, :func:`fused_logits`, :func:`causal_mask`,
+:func:`member_linear`): the single model calls them on its own weights, and the stacked
+model of :mod:`circuitfade.train.stacked` on E members' weights stacked ``[E, *shape]``.
+The mixins:
 
 * :class:`PriorAttentionCore` - gates, the gated prior, the hooked path (TransformerLens's
   attention arithmetic, hook for hook), the fused path (one QKV matmul, low-rank priors
