@@ -33,10 +33,9 @@ import contextlib
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
-from tqdm import tqdm
 
 from circuitfade.gating.evaluation import answer_logits, evaluate_conditions
 from circuitfade.gating.paths import GatePath
@@ -44,6 +43,15 @@ from circuitfade.io import CheckpointError
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
+from circuitfade.train.callbacks import (
+    NON_FINITE_WEIGHTS,
+    Callback,
+    Callbacks,
+    clip_list,
+    divergence,
+    is_eval_step,
+    step_loop,
+)
 from circuitfade.train.checkpoints import (
     clean_scratch,
     complete_checkpoints,
@@ -100,7 +108,7 @@ def _finite_weights(model: torch.nn.Module) -> bool:
 
 def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task: Task | None = None,
         eval_batch: Batch | None = None, progress: bool = True, sampler: Sampler | None = None,
-        logger: Logger | None = None) -> Run:
+        logger: Logger | None = None, callbacks: Sequence[Callback] | None = None) -> Run:
     """The training loop: advance ``run`` from ``run.step`` to global step ``until``.
 
     ``until`` defaults to ``run.config.train.steps`` (the end of the run) and may be
@@ -115,6 +123,12 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
     **config.mix_at(step))`` (e.g. to replay a fixed multiset of examples in a
     chosen order). ``logger(step, metrics)`` is called with each evaluation row (the
     ``metrics.csv`` row, a dict) as it is recorded (see :mod:`circuitfade.train.loggers`).
+    ``callbacks``: :class:`~circuitfade.train.callbacks.Callback` s called at every step (a
+    penalty on the loss, a recorder of the applied gradient, a restore after the update, a stop
+    rule; see :mod:`circuitfade.train.callbacks`); a callback returning ``True`` from ``on_record``
+    or ``on_step`` ends the call at that step. Gradients are clipped over the optimizer's
+    parameters (``run.optimizer`` may be any optimizer with ``param_groups``, ``zero_grad`` and
+    ``step``, e.g. :class:`~circuitfade.train.langevin.LangevinNoise`).
     Computes with one torch thread.
 
     Raises :class:`TrainingDiverged` (before updating the weights) when the loss or
@@ -137,7 +151,9 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
     device = model.W_E.device  # batches are drawn on the CPU generator, then moved here
     eval_batch = eval_batch.to(device) if device.type != "cpu" else eval_batch
 
-    def record(loss_value: float) -> None:
+    hooks = Callbacks(callbacks)
+
+    def record(loss_value: float) -> bool:
         row = row_at_step(run, loss_value)
         row.update(evaluate_conditions(model, task, eval_batch, tc.eval_conditions))
         run.metrics.append(row)
@@ -145,61 +161,78 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
             write_metrics(run_dir, run.metrics)
         if logger is not None:
             logger(run.step, dict(row))
+        return hooks.on_record(run, dict(row)) if hooks else False
 
     def checkpoint() -> None:
         if run_dir is not None and is_checkpoint_step(tc, run.step, ckpt_start):
             if not _finite_weights(model):
-                raise TrainingDiverged(run.step, "non-finite weights after the update (checkpoint not written)")
+                raise TrainingDiverged(run.step, NON_FINITE_WEIGHTS)
             save_checkpoint(run, run_dir)
+            if hooks:
+                hooks.on_checkpoint(run, run.step)
 
-    with one_thread():
+    def first() -> None:
         if not run.metrics or run.metrics[-1]["step"] < run.step:
-            if run.step % tc.eval_every == 0 or run.step == until:
+            if is_eval_step(run.step, tc.eval_every, until):
                 record(float("nan"))
         checkpoint()
-        bar = tqdm(total=until, initial=run.step, disable=not progress, desc=f"{cfg.path} s{cfg.seed}", leave=False)
         model.train()
-        params = list(model.parameters())
-        gate_now = None  # the gate buffers' value as last set here (None: set them at the first step)
-        try:
-            while run.step < until:
-                gate_now = _set_gates_for_step(model, path, run.step, gate_now)
-                if sampler is not None:
-                    batch = sampler(run.step, run.data_gen)
-                else:
-                    batch = task.sample(tc.batch_size, run.data_gen, **cfg.mix_at(run.step))
-                if device.type != "cpu":
-                    batch = batch.to(device)
-                drop = tc.prior_dropout > 0 and torch.rand((), generator=run.dropout_gen).item() < tc.prior_dropout
-                with model.gates(**{p: 0.0 for p in priors}) if drop else contextlib.nullcontext():
-                    loss = task.loss(answer_logits(model, batch), batch)  # last block at answer positions only
-                if tc.dual_loss:
-                    with model.gates(**{p: 0.0 for p in priors}):
-                        loss = loss + task.loss(answer_logits(model, batch), batch)
-                run.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                norm = clip_grad_norm(params, tc.grad_clip)
-                lv, nv = float(loss.detach()), float(norm)
-                if not (math.isfinite(lv) and math.isfinite(nv)):
-                    raise TrainingDiverged(run.step, f"non-finite loss {lv} / gradient norm {nv} (weights not updated)")
-                run.optimizer.step()
-                run.step += 1
-                bar.update(1)
-                if run.step % tc.eval_every == 0 or run.step == until:
-                    record(lv)
-                    last = run.metrics[-1]
-                    kind = task.primary_metric.column
-                    bar.set_postfix(loss=f"{last['train_loss']:.3f}",
-                                    **{kind: f"{last.get(kind + '_normal', math.nan):.3f}",
-                                       kind + "0": f"{last.get(kind + '_zero', math.nan):.3f}"})
-                checkpoint()
-        finally:
-            bar.close()
+
+    def advance() -> int:
+        nonlocal gate_now, loss_value
+        gate_now = _set_gates_for_step(model, path, run.step, gate_now)
+        if sampler is not None:
+            batch = sampler(run.step, run.data_gen)
+        else:
+            batch = task.sample(tc.batch_size, run.data_gen, **cfg.mix_at(run.step))
+        if device.type != "cpu":
+            batch = batch.to(device)
+        drop = tc.prior_dropout > 0 and torch.rand((), generator=run.dropout_gen).item() < tc.prior_dropout
+        with model.gates(**{p: 0.0 for p in priors}) if drop else contextlib.nullcontext():
+            loss = task.loss(answer_logits(model, batch), batch)  # last block at answer positions only
+        if tc.dual_loss:
+            with model.gates(**{p: 0.0 for p in priors}):
+                loss = loss + task.loss(answer_logits(model, batch), batch)
+        task_loss = loss
+        if hooks:
+            loss = hooks.on_loss(run, batch, loss)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = clip_grad_norm(params, tc.grad_clip)
+        loss_value = float(task_loss.detach())
+        diverged = divergence(run.step, loss_value, float(norm))
+        if diverged is not None:
+            raise diverged
+        if hooks:
+            hooks.before_update(run, norm)
+        run.optimizer.step()
+        run.step += 1
+        if hooks:
+            hooks.after_update(run)
+        return run.step
+
+    def after(step: int, due: bool) -> bool:
+        stop = record(loss_value) if due else False
+        checkpoint()
+        return bool(hooks.on_step(run) if hooks else False) or stop
+
+    def postfix() -> dict:
+        last = run.metrics[-1]
+        kind = task.primary_metric.column
+        return {"loss": f"{last['train_loss']:.3f}", kind: f"{last.get(kind + '_normal', math.nan):.3f}",
+                kind + "0": f"{last.get(kind + '_zero', math.nan):.3f}"}
+
+    params = clip_list(run.optimizer)
+    gate_now = None  # the gate buffers' value as last set here (None: set them at the first step)
+    loss_value = math.nan
+    with one_thread():
+        step_loop(now=lambda: run.step, until=until, eval_every=tc.eval_every, first=first, advance=advance,
+                  after=after, progress=progress, desc=f"{cfg.path} s{cfg.seed}", postfix=postfix)
     return run
 
 
 def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, sampler: Sampler | None = None,
-          run: Run | None = None, logger: Logger | None = None) -> Run:
+          run: Run | None = None, logger: Logger | None = None, callbacks: Sequence[Callback] | None = None) -> Run:
     """Train ``cfg`` into ``run_dir`` (resuming or returning a finished run as needed).
 
     With ``run_dir=None`` nothing is written (handy in notebooks and tests); an
@@ -207,7 +240,8 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
     under ``cfg`` (its ``train.steps`` is where it stops; :func:`fit` with
     ``until=`` does the same without a new config). ``sampler`` replaces the
     default batch source (see :func:`fit`); ``logger(step, metrics)`` receives every
-    evaluation row (see :mod:`circuitfade.train.loggers`).
+    evaluation row (see :mod:`circuitfade.train.loggers`); ``callbacks`` are passed to :func:`fit`
+    (see :mod:`circuitfade.train.callbacks`).
 
     Guarantees: one torch thread while computing (the caller's setting is
     restored); a finished run is returned without writing anything (so it can be
@@ -234,7 +268,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
             if run.step > cfg.train.steps:
                 return run
             return fit(run, cfg.train.steps, task=task, eval_batch=ev, progress=progress,
-                       sampler=sampler, logger=logger)
+                       sampler=sampler, logger=logger, callbacks=callbacks)
         run_dir = Path(run_dir)
         state = dir_state(cfg, run_dir)
         if state == "done":  # read-only: no lock, no writes
@@ -263,7 +297,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None, *, progress: bool = True, 
                 _start_from_parent(run, cfg.parent)
             try:
                 fit(run, run_dir=run_dir, task=task, eval_batch=ev, progress=progress, sampler=sampler,
-                    logger=logger)
+                    logger=logger, callbacks=callbacks)
             except TrainingDiverged as e:
                 RunDir(run_dir).record_failure(e)
                 raise
