@@ -49,13 +49,13 @@ from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from circuitfade.gating.evaluation import EVAL_CHUNK, condition_groups, conditions_row, gate_condition
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.core import logits_at_all_positions
 from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
+from circuitfade.train.callbacks import NON_FINITE_WEIGHTS, divergence, is_eval_step, step_loop
 from circuitfade.train.checkpoints import (
     clean_scratch,
     complete_checkpoints,
@@ -414,8 +414,7 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
         for s in due:
             i = ens.active[s]
             if not finite[s]:
-                errors[i] = TrainingDiverged(ens.runs[i].step, "non-finite weights after the update "
-                                                               "(checkpoint not written)")
+                errors[i] = TrainingDiverged(ens.runs[i].step, NON_FINITE_WEIGHTS)
                 bad.append(s)
                 continue
             try:
@@ -425,37 +424,45 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
                 bad.append(s)
         return bad
 
-    with one_thread():
+    last: dict = {}  # the step being finished: its losses, the slots that failed and those that advanced
+
+    def first() -> None:
         due = [s for s, run in enumerate(runs) if (not run.metrics or run.metrics[-1]["step"] < run.step)
-               and (run.step % tc.eval_every == 0 or run.step == until)]
+               and is_eval_step(run.step, tc.eval_every, until)]
         unwritten = record(due, [float("nan")] * len(due)) if due else []
         bad = unwritten + checkpoint([s for s in range(len(runs)) if s not in unwritten])
         if bad:
             ens.drop(bad)
-        bar = tqdm(total=until, initial=step0, disable=not progress, desc=f"ensemble of {len(runs)}", leave=False)
-        try:
-            while ens.active and ens.step_now < until:
-                lvs, nvs = ens.train_step(task)
-                failed = []
-                for s, (lv, nv) in enumerate(zip(lvs, nvs)):
-                    if not (math.isfinite(lv) and math.isfinite(nv)):
-                        i = ens.active[s]
-                        errors[i] = TrainingDiverged(ens.runs[i].step, f"non-finite loss {lv} / gradient norm {nv} "
-                                                                       "(weights not updated)")
-                        failed.append(s)
-                for s in failed:
-                    ens.sync(s)
-                ok = [s for s in range(len(ens.active)) if s not in failed]
-                step = ens.step_now if ok else None
-                bar.update(1)
-                unwritten = []
-                if step is not None and (step % tc.eval_every == 0 or step == until):
-                    unwritten = record(ok, [lvs[s] for s in ok])
-                bad = unwritten + checkpoint([s for s in ok if s not in unwritten]) if step is not None else []
-                if failed or bad:
-                    ens.drop(failed + bad)
-        finally:
-            bar.close()
+
+    def advance() -> int | None:
+        lvs, nvs = ens.train_step(task)
+        failed = []
+        for s, (lv, nv) in enumerate(zip(lvs, nvs)):
+            i = ens.active[s]
+            diverged = divergence(ens.runs[i].step, lv, nv)
+            if diverged is not None:
+                errors[i] = diverged
+                failed.append(s)
+        for s in failed:
+            ens.sync(s)
+        ok = [s for s in range(len(ens.active)) if s not in failed]
+        last.update(lvs=lvs, failed=failed, ok=ok)
+        if not ok:
+            ens.drop(failed)
+            return None
+        return ens.runs[ens.active[ok[0]]].step
+
+    def after(step: int, due: bool) -> bool:
+        ok, failed, lvs = last["ok"], last["failed"], last["lvs"]
+        unwritten = record(ok, [lvs[s] for s in ok]) if due else []
+        bad = unwritten + checkpoint([s for s in ok if s not in unwritten])
+        if failed or bad:
+            ens.drop(failed + bad)
+        return False
+
+    with one_thread():
+        step_loop(now=lambda: ens.step_now, until=until, eval_every=tc.eval_every, first=first, advance=advance,
+                  after=after, progress=progress, desc=f"ensemble of {len(runs)}", active=lambda: bool(ens.active))
         for s in range(len(ens.active)):
             ens.sync(s)
     return errors
