@@ -84,12 +84,13 @@ import plotly.graph_objects as go
 
 from circuitfade.analysis.ignition import ignition_step
 from circuitfade.claims import Outcome
-from circuitfade.gating.evaluation import answer_logits, evaluate_batch
+from circuitfade.gating.evaluation import evaluate_batch
 from circuitfade.gating.schedules import as_schedule
 from circuitfade.io import read_json, write_json
 from circuitfade.stats import binomial_exact_interval
 from circuitfade.tasks import eval_set
-from circuitfade.train import EVAL_SEED, new_run
+from circuitfade.train import EVAL_SEED, Run, TrainingDiverged, fit, new_run
+from circuitfade.train.callbacks import Callback, L2Penalty
 from circuitfade.train.langevin import LangevinNoise
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
@@ -98,6 +99,7 @@ from studies.alignment.protocol import ANNEAL_V1, stamp, stamped
 
 __all__ = ["K", "LR_SGD", "T_GRID", "PIN_ARMS", "anneal_schedule", "pin_param_groups", "melting_point",
            "hot_temperature", "melt_job", "pin_job", "anneal_job", "verdicts", "run", "setup", "formed", "train_sgd",
+           "sgd_config", "StudyCallbacks",
            "sgd", "accuracy"]
 
 _D = ANNEAL_V1.data
@@ -281,42 +283,64 @@ def accuracy(model, task, ev) -> float:
     return float(evaluate_batch(model, task, ev)["accuracy"])
 
 
+def sgd_config(steps: int, *, clip: float | None = CLIP, batch_size: int = BATCH, eval_every: int = EVAL_EVERY):
+    """The run config :func:`train_sgd` trains under: the K-part task and evaluation rule (accuracy every
+    ``eval_every`` steps), ``steps`` steps of ``batch_size``, gradient norm clipped at ``clip`` (``None``: no
+    clipping) and no prior dropout; the gates stay as the model has them (learned)."""
+    import dataclasses
+
+    cfg = base_config(K, 0, steps)
+    return dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, batch_size=batch_size, eval_every=eval_every,
+        grad_clip=float("inf") if clip is None else float(clip)))
+
+
+class StudyCallbacks(Callback):
+    """The study's per-step bookkeeping on :func:`~circuitfade.train.loop.fit`: the accuracy curve (from each
+    evaluation row), the count of steps whose gradient norm exceeded ``clip``, ``record(model)`` on the
+    applied gradient, ``restore()`` after each update and the stop rule ``stop(xs, ys)`` after each
+    evaluation (``True`` ends the run there)."""
+
+    def __init__(self, clip: float | None = CLIP, record=None, restore=None, stop=None):
+        self.clip, self.record, self.restore, self.stop = clip, record, restore, stop
+        self.xs, self.ys, self.clipped = [], [], 0
+
+    def before_update(self, run, grad_norm) -> None:
+        if self.clip is not None:
+            self.clipped += float(grad_norm) > self.clip
+        if self.record is not None:
+            self.record(run.model)
+
+    def after_update(self, run) -> None:
+        if self.restore is not None:
+            self.restore()
+
+    def on_record(self, run, row) -> bool:
+        self.xs.append(run.step)
+        self.ys.append(float(row["acc_normal"]))
+        return run.step > 0 and self.stop is not None and bool(self.stop(self.xs, self.ys))
+
+
 def train_sgd(model, task, opt, gen, steps: int, ev, restore=None, stop=None, record=None,
            weight_decay: float = 0.0) -> tuple[list[int], list[float], float]:
     """``steps`` SGD(+noise) steps (gradient norm clipped at CLIP); accuracy on ``ev`` every EVAL_EVERY steps
     (and at step 0). Returns the curve and the fraction of steps whose gradient was clipped. ``record(model)``
     (optional) is called after clipping, before the step (the gradient the step applies);
-    ``weight_decay`` adds ``(wd / 2) |theta|^2`` to the loss, so that it is inside that gradient."""
+    ``weight_decay`` adds ``(wd / 2) |theta|^2`` to the loss, so that it is inside that gradient
+    (:class:`~circuitfade.train.callbacks.L2Penalty`). The loop is :func:`~circuitfade.train.loop.fit` on a
+    :class:`~circuitfade.train.state.Run` holding ``model``, ``opt`` and ``gen``, with
+    :class:`StudyCallbacks`."""
 
     import torch
 
-    xs, ys = [0], [accuracy(model, task, ev)]
-    model.train()
-    clipped = [0]
-    for s in range(1, steps + 1):
-        b = task.sample(BATCH, gen)
-        loss = task.loss(answer_logits(model, b), b)
-        opt.zero_grad()
-        if weight_decay:
-            (loss + 0.5 * weight_decay * sum((p * p).sum() for p in model.parameters())).backward()
-        else:
-            loss.backward()
-        if not math.isfinite(float(loss.detach())):
-            raise FloatingPointError(f"non-finite loss at step {s}")
-        if CLIP is not None:
-            norm = float(torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], CLIP))
-            clipped[0] += norm > CLIP
-        if record is not None:
-            record(model)
-        opt.step()
-        if restore is not None:
-            restore()
-        if s % EVAL_EVERY == 0 or s == steps:
-            xs.append(s)
-            ys.append(accuracy(model, task, ev))
-            if stop is not None and stop(xs, ys):
-                break
-    return xs, ys, clipped[0] / max(1, xs[-1])
+    book = StudyCallbacks(CLIP, record=record, restore=restore, stop=stop)
+    run = Run(sgd_config(steps), model, opt, gen, torch.Generator().manual_seed(0))
+    try:
+        fit(run, task=task, eval_batch=ev, progress=False, sampler=lambda step, g: task.sample(BATCH, g),
+            callbacks=[L2Penalty(weight_decay), book])
+    except TrainingDiverged as e:
+        raise FloatingPointError(f"non-finite loss at step {e.step + 1} ({e.error})") from None
+    return book.xs, book.ys, book.clipped / max(1, book.xs[-1])
 
 
 def sgd(params, temperature, seed: int, total: int):
