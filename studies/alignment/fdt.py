@@ -62,7 +62,9 @@ from circuitfade.analysis.fdt import FDTRecorder, equipartition
 from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.stats import wilson_interval
-from circuitfade.tasks import make_task
+from circuitfade.tasks import EVAL_SEED, eval_set, make_task
+from circuitfade.train import Run, RunConfig, TrainConfig, TrainingDiverged, fit
+from circuitfade.train.callbacks import Callback, L2Penalty
 from circuitfade.train.langevin import LangevinNoise
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
@@ -80,6 +82,40 @@ SPREAD_TOL, MIN_COORDS, STATIONARY_TOL = float(_D["spread_tol"]), int(_D["min_co
 ARMS = {"sgd": 0.0, "langevin": FDT_T}
 
 
+class _FullLogitsLoss(Callback):
+    """The task loss on the model's logits at every position (``model(tokens)``), as this measurement has
+    always trained (the trainer's loss reads the last block at the answer positions only)."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def on_loss(self, run, batch, loss):
+        return self.task.loss(run.model(batch.model_input), batch)
+
+
+class _FDTSeries(Callback):
+    """Per step: the task loss, the temperature of the step and the FDT recorder on the applied gradient."""
+
+    def __init__(self, rec: FDTRecorder, opt: LangevinNoise, progress: bool):
+        self.rec, self.opt, self.progress = rec, opt, progress
+        self.losses: list[float] = []
+        self.temps: list[float] = []
+        self._loss = math.nan
+
+    def on_loss(self, run, batch, loss):
+        self._loss = float(loss.detach())
+        return loss
+
+    def before_update(self, run, grad_norm) -> None:
+        self.rec.record(run.model)
+        self.temps.append(self.opt.temperature_now)
+
+    def after_update(self, run) -> None:
+        self.losses.append(self._loss)
+        if self.progress and (run.step - 1) % 500 == 0:
+            print(f"step {run.step - 1} loss {self._loss:.4f}", file=sys.stderr)
+
+
 def sgd_fdt_run(steps: int = 3000, lr: float = 0.1, batch_size: int = 64, seed: int = 0, task: str = "assoc",
                 temperature: float | str = 0.0, last: float = 0.5, early: tuple[int, int] = (0, 200),
                 n_batches: int = 20, weight_decay: float = 0.0, progress: bool = False, model_kw: dict | None = None,
@@ -93,25 +129,19 @@ def sgd_fdt_run(steps: int = 3000, lr: float = 0.1, batch_size: int = 64, seed: 
     t = make_task(task)
     opt = LangevinNoise(torch.optim.SGD(model.parameters(), lr=lr), temperature, seed=seed, total_steps=steps)
     gen = torch.Generator().manual_seed(10_000 + seed)
-    rec, losses, temps = FDTRecorder(param_family if groups else None), [], []
-    model.train()
-    for step in range(steps):
-        batch = t.sample(batch_size, gen)
-        loss = t.loss(model(batch.model_input), batch)
-        opt.zero_grad()
-        if weight_decay:
-            (loss + 0.5 * weight_decay * sum((p * p).sum() for p in model.parameters())).backward()
-        else:
-            loss.backward()
-        lv = float(loss.detach())
-        if not math.isfinite(lv):
-            raise RuntimeError(f"sgd_fdt_run: non-finite loss {lv} at step {step} (lr {lr} too large?)")
-        rec.record(model)
-        temps.append(opt.temperature_now)
-        opt.step()
-        losses.append(lv)
-        if progress and step % 500 == 0:
-            print(f"step {step} loss {lv:.4f}", file=sys.stderr)
+    rec = FDTRecorder(param_family if groups else None)
+    book = _FDTSeries(rec, opt, progress)
+    cfg = RunConfig(path="unforced", task={"name": task}, model=dict(model_kw or {}), seed=seed,
+                    train=TrainConfig(steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0,
+                                      grad_clip=float("inf"), eval_every=steps, checkpoint_every=steps,
+                                      eval_conditions=("normal",)))
+    run = Run(cfg, model, opt, gen, torch.Generator().manual_seed(0))
+    try:  # evaluation rows are not used: one tiny evaluation at the start and the end
+        fit(run, task=t, eval_batch=eval_set(t, n=8, seed=EVAL_SEED), progress=False,
+            callbacks=[_FullLogitsLoss(t), book, L2Penalty(weight_decay)])
+    except TrainingDiverged as e:
+        raise RuntimeError(f"sgd_fdt_run: non-finite loss at step {e.step} (lr {lr} too large?)") from None
+    losses, temps = book.losses, book.temps
     start = int(steps * (1 - last))
     tail = rec.statistic(lr, np.asarray(temps), start=start, n_batches=n_batches)
     e0, e1 = early
