@@ -177,6 +177,66 @@ def test_the_length_checker_sees_a_long_function(tmp_path):
     assert _long_functions(tmp_path) == ["studies.s.f: 81 lines"]
 
 
+TRAINING_CALLS = ("backward", "zero_grad", "step")
+HAND_WRITTEN_LOOPS_ALLOWED = {
+    "studies.alignment.fdt.anneal_demo": "particles in a double well (one tensor, no model): shows LangevinNoise "
+                                         "on its own",
+    "studies.alignment.occupation.simulate": "the closed-form occupation toy (three logit tensors, no model, "
+                                             "batched over seeds): nothing for fit to run",
+}
+"""Study functions that may step an optimizer by hand, each with the reason: toy loops that train no model."""
+
+
+def _hand_written_training(root: Path = ROOT) -> list[str]:
+    """``module.function:line .name()`` for every ``.backward()`` / ``.zero_grad()`` / ``.step()`` call in the
+    studies (models are trained by ``fit`` with callbacks), less :data:`HAND_WRITTEN_LOOPS_ALLOWED`."""
+    out = []
+    for m, path in _sources(root).items():
+        if not m.startswith("studies"):
+            continue
+
+        def visit(node: ast.AST, where: str) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    visit(child, f"{where}.{child.name}")
+                    continue
+                if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) \
+                        and child.func.attr in TRAINING_CALLS and where not in HAND_WRITTEN_LOOPS_ALLOWED:
+                    out.append(f"{where}:{child.lineno} .{child.func.attr}()")
+                visit(child, where)
+
+        visit(ast.parse(path.read_text()), m)
+    return out
+
+
+def test_no_study_function_steps_an_optimizer_by_hand():
+    assert not _hand_written_training(), _hand_written_training()
+
+
+def test_the_training_call_checker_sees_a_planted_loop(tmp_path):
+    for top in TOP:
+        (tmp_path / top).mkdir()
+    (tmp_path / "studies" / "s.py").write_text(
+        "def train(model, opt, loss):\n"
+        "    for _ in range(3):\n"
+        "        opt.zero_grad()\n"
+        "        loss(model).backward()\n"
+        "        opt.step()\n"
+        "class K:\n"
+        "    def go(self):\n"
+        "        self.optimizer.step()\n")
+    assert _hand_written_training(tmp_path) == [
+        "studies.s.train:3 .zero_grad()", "studies.s.train:4 .backward()", "studies.s.train:5 .step()",
+        "studies.s.K.go:8 .step()"]
+
+
+def test_every_allowed_hand_written_loop_still_exists_and_has_a_reason():
+    names = {f"{m}.{n.name}" for m, path in _sources().items() for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.FunctionDef)}
+    for name, why in HAND_WRITTEN_LOOPS_ALLOWED.items():
+        assert name in names and len(why) > 20, name
+
+
 PRODUCT_WORDS = re.compile(r"issue [0-9]+|\.\./shared|seeds/0|load average")
 
 
