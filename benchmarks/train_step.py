@@ -96,7 +96,7 @@ def main(argv=None) -> dict[str, float]:
         hooked.use_fused = False
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            plain = soft.to_hooked_transformer()
+            plain = soft.to_plain_model()
         minimal, minimal_answer = MinimalModel(), MinimalModel()
         fns = {
             "soft_prior_fused": adamw_step(soft, full_loss(soft)),

@@ -235,7 +235,7 @@ def test_gate_intervention_table_on_planted_position_prior():
     assert acc["position gate zeroed"] < 0.5  # uniform attention: argmax is a tie among context tokens
     assert acc["content gate zeroed"] == acc["normal"]  # W_cq = 0: the content gate multiplies zero
     assert loss["content gate zeroed"] == pytest.approx(loss["normal"], abs=1e-6)
-    plain = evaluate(model.to_hooked_transformer(), task, batch=batch)
+    plain = evaluate(model.to_plain_model(), task, batch=batch)
     assert acc["both gates zeroed"] == plain["accuracy"]
     assert loss["both gates zeroed"] == pytest.approx(plain["loss"], abs=1e-5)
     # the planted head carries all successor mass only while the position gate is on

@@ -90,7 +90,7 @@ def test_zero_gate_is_exactly_the_backbone(name):
     model = _model(name, randomize=True)
     tokens = _tokens()
     with torch.no_grad():
-        ref = model.to_hooked_transformer()(tokens)
+        ref = model.to_plain_model()(tokens)
         with model.gates(**{name: 0.0}):
             fused = model(tokens)
             hooked, _ = model.run_with_cache(tokens)
@@ -293,14 +293,14 @@ def test_backbone_only_methods_equal_plain_hooked_transformer(name):
     model = SoftPriorTransformer(method_config(name, seed=0))
     tokens = _tokens()
     with torch.no_grad():
-        torch.testing.assert_close(model(tokens), model.to_hooked_transformer()(tokens), atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(tokens), model.to_plain_model()(tokens), atol=1e-5, rtol=0)
 
 
 def test_rotary_backbone_with_a_prior_fades_to_the_backbone():
     model = SoftPriorTransformer(method_config("rope", priors=("kerple_log",), seed=0))
     tokens = _tokens()
     with torch.no_grad(), model.gates(kerple_log=0.0):
-        torch.testing.assert_close(model(tokens), model.to_hooked_transformer()(tokens), atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(tokens), model.to_plain_model()(tokens), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "fire", "dape"])

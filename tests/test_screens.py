@@ -277,7 +277,7 @@ def test_soft_prior_transformer_with_gates_off_screens_like_its_backbone():
     model = SoftPriorTransformer(SoftPriorConfig())
     with model.gates(pos=0.0, content=0.0):
         soft = capability_selectivity(model, n=4, seed=2)
-    plain = capability_selectivity(model.to_hooked_transformer(), n=4, seed=2)
+    plain = capability_selectivity(model.to_plain_model(), n=4, seed=2)
     assert len(soft) == model.cfg.n_layers * model.cfg.n_heads * len(METRICS)
     np.testing.assert_allclose(soft["value"], plain["value"], atol=1e-5)
 

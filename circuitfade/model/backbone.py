@@ -333,78 +333,62 @@ def _to_compute(cfg, x: Tensor) -> Tensor:
     return x if cfg.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
 
 
-class LayerNorm(nn.Module):
-    """``(x - mean) / √(var + eps) · w + b`` over the last axis; hooks ``hook_scale`` ``[batch, pos, 1]``
-    (``√(var + eps)``) and ``hook_normalized``."""
+class _Norm(nn.Module):
+    """The four normalisations, one forward: ``x`` (centred if ``centre``) divided by
+    ``√(mean(x²) + eps)``, then ``· w`` (+ ``b``) if ``weighted``; hooks ``hook_scale``
+    ``[batch, pos, 1]`` and ``hook_normalized``. TransformerLens 3.9's arithmetic, in its order."""
+
+    centre = weighted = biased = False
 
     def __init__(self, cfg, length: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.eps = cfg.eps
-        self.length = cfg.d_model if length is None else length
-        self.w = nn.Parameter(torch.ones(self.length, dtype=cfg.dtype))
-        self.b = nn.Parameter(torch.zeros(self.length, dtype=cfg.dtype))
+        if self.weighted:
+            self.length = cfg.d_model if length is None else length
+            self.w = nn.Parameter(torch.ones(self.length, dtype=cfg.dtype))
+            if self.biased:
+                self.b = nn.Parameter(torch.zeros(self.length, dtype=cfg.dtype))
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
     def forward(self, x: Float[Tensor, "... length"]) -> Float[Tensor, "... length"]:
         x = _to_compute(self.cfg, x)
-        x = x - x.mean(-1, keepdim=True)
+        if self.centre:
+            x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         x = self.hook_normalized(x / scale).to(self.cfg.dtype)
-        return x * self.w + self.b
+        if not self.weighted:
+            return x
+        return x * self.w + self.b if self.biased else x * self.w
 
 
-class LayerNormPre(nn.Module):
+class LayerNorm(_Norm):
+    """``(x - mean) / √(var + eps) · w + b`` over the last axis."""
+
+    centre = weighted = biased = True
+
+
+class LayerNormPre(_Norm):
     """LayerNorm's centre-and-normalise part, no weights: ``(x - mean) / √(var + eps)``."""
 
+    centre = True
+
     def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        self.eps = cfg.eps
-        self.hook_scale = HookPoint()
-        self.hook_normalized = HookPoint()
-
-    def forward(self, x: Float[Tensor, "... length"]) -> Float[Tensor, "... length"]:
-        x = _to_compute(self.cfg, x)
-        x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale).to(self.cfg.dtype)
+        super().__init__(cfg)
 
 
-class RMSNorm(nn.Module):
-    """``x / √(mean(x²) + eps) · w``; hooks ``hook_scale``, ``hook_normalized``."""
+class RMSNorm(_Norm):
+    """``x / √(mean(x²) + eps) · w``."""
 
-    def __init__(self, cfg, length: int | None = None):
-        super().__init__()
-        self.cfg = cfg
-        self.eps = cfg.eps
-        self.length = cfg.d_model if length is None else length
-        self.w = nn.Parameter(torch.ones(self.length, dtype=cfg.dtype))
-        self.hook_scale = HookPoint()
-        self.hook_normalized = HookPoint()
-
-    def forward(self, x: Float[Tensor, "... length"]) -> Float[Tensor, "... length"]:
-        x = _to_compute(self.cfg, x)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        x = self.hook_normalized(x / scale).to(self.cfg.dtype)
-        return x * self.w
+    weighted = True
 
 
-class RMSNormPre(nn.Module):
+class RMSNormPre(_Norm):
     """``x / √(mean(x²) + eps)``, no weights."""
 
     def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        self.eps = cfg.eps
-        self.hook_scale = HookPoint()
-        self.hook_normalized = HookPoint()
-
-    def forward(self, x: Float[Tensor, "... length"]) -> Float[Tensor, "... length"]:
-        x = _to_compute(self.cfg, x)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale).to(self.cfg.dtype)
+        super().__init__(cfg)
 
 
 def make_norm(cfg, final: bool = False) -> nn.Module | None:

@@ -4,49 +4,27 @@ The computation lives in :mod:`circuitfade.model.core`; this shell gives it
 ``HookedTransformer``'s module tree (``Attention``, ``TransformerBlock``, the
 embeddings, norms and MLPs of ``transformer_lens.components``), so a
 :class:`SoftPriorTransformer` here *is* a ``HookedTransformer`` and every
-TransformerLens 3 tool works on it. Import it through :mod:`circuitfade.model`, which
-picks this shell on 3.x and :mod:`circuitfade.model.native` on 4.x.
-
-Hook points added to every ``blocks.{l}.attn`` (the standard ones keep their
-meaning; ``hook_attn_scores`` includes the prior):
-
-==========================  =================================  ======================================
-hook                        shape                              captures
-==========================  =================================  ======================================
-``hook_pos_bias``           ``[head, query_pos, key_pos]``     position bias, before gating
-``hook_content_bias``       ``[batch, head, query_pos, key_pos]``  content bias, before gating
-``hook_gate_pos``           ``[head]``                         effective position gate this forward
-``hook_gate_content``       ``[head]``                         effective content gate this forward
-``hook_prior``              ``[batch, head, query_pos, key_pos]``  total gated bias added to the scores
-==========================  =================================  ======================================
+TransformerLens 3 tool works on it. What it shares with the 4.x shell (the config
+argument, the deprecated ``to_hooked_transformer`` alias, the prior hook points listed
+in :mod:`circuitfade.model.shell`) is in :mod:`circuitfade.model.shell`. Import it
+through :mod:`circuitfade.model`, which picks this shell on 3.x and
+:mod:`circuitfade.model.native` on 4.x.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from typing import Mapping
 
 import torch.nn as nn
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import HookedTransformer
 from transformer_lens.components import Attention, TransformerBlock
 
 from circuitfade.model.config import SoftPriorConfig
 from circuitfade.model.core import PriorAttentionCore, PriorBlockCore, SoftPriorCore
+from circuitfade.model.shell import SoftPriorShell, as_config
 
 __all__ = ["SoftPriorAttention", "SoftPriorBlock", "SoftPriorTransformer"]
-
-
-def _as_config(cfg, overrides) -> SoftPriorConfig:
-    if cfg is None:
-        cfg = SoftPriorConfig(**overrides)
-    elif isinstance(cfg, Mapping):
-        cfg = SoftPriorConfig(**{**cfg, **overrides})
-    elif overrides:
-        cfg = dataclasses.replace(cfg, **overrides)
-    if not isinstance(cfg, SoftPriorConfig):
-        raise TypeError(f"expected a SoftPriorConfig, got {type(cfg).__name__}")
-    return cfg
 
 
 class SoftPriorAttention(PriorAttentionCore, Attention):
@@ -67,7 +45,7 @@ class SoftPriorBlock(PriorBlockCore, TransformerBlock):
         self.attn = SoftPriorAttention(cfg, layer)
 
 
-class SoftPriorTransformer(SoftPriorCore, HookedTransformer):
+class SoftPriorTransformer(SoftPriorShell, SoftPriorCore, HookedTransformer):
     """A ``HookedTransformer`` whose attention heads carry gated, annealable priors.
 
     Build with ``SoftPriorTransformer(SoftPriorConfig.base())`` (or keyword
@@ -79,7 +57,7 @@ class SoftPriorTransformer(SoftPriorCore, HookedTransformer):
     cfg: SoftPriorConfig
 
     def __init__(self, cfg: SoftPriorConfig | Mapping | None = None, **overrides):
-        cfg = _as_config(cfg, overrides)
+        cfg = as_config(cfg, overrides)
         with warnings.catch_warnings():
             # our own subclass is the supported way to use HookedTransformer here
             warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
@@ -90,18 +68,3 @@ class SoftPriorTransformer(SoftPriorCore, HookedTransformer):
         self.init_weights()
         self.setup()
         self._finish_init()
-
-    def to_hooked_transformer(self) -> HookedTransformer:
-        """A plain ``HookedTransformer`` with the same backbone weights and no priors.
-
-        For a NoPE backbone it uses a standard positional embedding set to zero.
-        With every gate at zero the two models give the same logits.
-        """
-        names = {f.name for f in dataclasses.fields(HookedTransformerConfig) if f.init}
-        kw = {k: v for k, v in self.cfg.to_json_dict().items() if k in names}
-        kw["dtype"] = self.cfg.dtype
-        if self.cfg.nope:
-            kw["positional_embedding_type"] = "standard"
-        ht = HookedTransformer(HookedTransformerConfig(**kw))
-        ht.load_state_dict(self.backbone_state_dict(), strict=True)
-        return ht.to(self.W_E.device, print_details=False)

@@ -10,7 +10,9 @@ the same hook names and shapes (``blocks.{l}.attn.hook_z``, ``hook_pattern``,
 ``config.json`` or a run directory written on one line loads on the other and gives
 bit-identical logits, gradients and training runs; ``run_with_cache``,
 ``run_with_hooks``, ``hooks()``, ``gates(...)`` and ``gate_hooks(...)`` work as on 3.x,
-and so do the ``W_E``, ``W_Q``, ``QK``, ``OV``, ... weight views.
+and so do the ``W_E``, ``W_Q``, ``QK``, ``OV``, ... weight views. What the two shells share
+(the config argument, ``QK``/``OV``, the deprecated ``to_hooked_transformer`` alias, the
+prior hook points) is :mod:`circuitfade.model.shell`.
 
 Even the random initialisation is 3.x's: ``SoftPriorTransformer(cfg)`` after
 ``torch.manual_seed(s)`` gives the same weights on both lines (the 3.x shell draws a
@@ -23,7 +25,6 @@ makes the same draws in the same order).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping
 
 import torch
@@ -45,11 +46,12 @@ from circuitfade.model.backbone import (
 )
 from circuitfade.model.config import SoftPriorConfig
 from circuitfade.model.core import PriorAttentionCore, PriorBlockCore, SoftPriorCore, attention_scale
+from circuitfade.model.shell import FactoredViews, SoftPriorShell, as_config
 
 __all__ = ["SoftPriorAttention", "SoftPriorBlock", "SoftPriorTransformer"]
 
 
-class SoftPriorAttention(PriorAttentionCore, nn.Module):
+class SoftPriorAttention(PriorAttentionCore, FactoredViews, nn.Module):
     """Attention with gated priors: ``HookedTransformer``'s attention parameters, buffers
     and hooks (``W_Q``, ``W_O``, ``b_Q``, ``b_O``, ``W_K``, ``W_V``, ``b_K``, ``b_V``;
     ``mask``, ``IGNORE``; ``hook_k`` ... ``hook_result``; rotary ``hook_rot_k``,
@@ -90,20 +92,6 @@ class SoftPriorAttention(PriorAttentionCore, nn.Module):
         self.b_K = nn.Parameter(torch.zeros(H, E, dtype=dt))
         self.b_V = nn.Parameter(torch.zeros(H, E, dtype=dt))
 
-    @property
-    def OV(self):
-        """``W_V @ W_O`` per head as a TransformerLens ``FactoredMatrix`` ``[head, d_model, d_model]``."""
-        from transformer_lens import FactoredMatrix
-
-        return FactoredMatrix(self.W_V, self.W_O)
-
-    @property
-    def QK(self):
-        """``W_Q @ W_Kᵀ`` per head as a ``FactoredMatrix`` ``[head, d_model, d_model]``."""
-        from transformer_lens import FactoredMatrix
-
-        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
-
 
 class SoftPriorBlock(PriorBlockCore, nn.Module):
     """A block with ``HookedTransformer``'s ``TransformerBlock`` names and hooks
@@ -132,19 +120,15 @@ class SoftPriorBlock(PriorBlockCore, nn.Module):
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
 
-def _as_config(cfg, overrides) -> SoftPriorConfig:
-    if cfg is None:
-        cfg = SoftPriorConfig(**overrides)
-    elif isinstance(cfg, Mapping):
-        cfg = SoftPriorConfig(**{**cfg, **overrides})
-    elif overrides:
-        cfg = dataclasses.replace(cfg, **overrides)
-    if not (dataclasses.is_dataclass(cfg) and hasattr(cfg, "gate_mode") and hasattr(cfg, "priors")):
-        raise TypeError(f"expected a SoftPriorConfig, got {type(cfg).__name__}")
-    return cfg
+def _stacked(module: str, name: str, shape: str) -> property:
+    """A read-only view: ``blocks.{l}.<module>.<name>`` of every layer stacked on a new first axis."""
+    def stack(self) -> Tensor:
+        return torch.stack([getattr(getattr(b, module), name) for b in self.blocks], dim=0)
+
+    return property(stack, doc=f"``blocks.{{l}}.{module}.{name}`` of every layer, stacked ``[{shape}]``.")
 
 
-class SoftPriorTransformer(SoftPriorCore, HookedRootModule):
+class SoftPriorTransformer(SoftPriorShell, FactoredViews, SoftPriorCore, HookedRootModule):
     """The soft-prior Transformer as a native TransformerLens ``HookedRootModule``.
 
     Build with ``SoftPriorTransformer(SoftPriorConfig.base())`` (or keyword overrides:
@@ -157,7 +141,7 @@ class SoftPriorTransformer(SoftPriorCore, HookedRootModule):
     cfg: SoftPriorConfig
 
     def __init__(self, cfg: SoftPriorConfig | Mapping | None = None, **overrides):
-        cfg = _as_config(cfg, overrides)
+        cfg = as_config(cfg, overrides)
         check_native_config(cfg)
         super().__init__()
         self.cfg = cfg
@@ -198,12 +182,6 @@ class SoftPriorTransformer(SoftPriorCore, HookedRootModule):
             if module is not None:
                 module.to(target)
 
-    def to_hooked_transformer(self) -> nn.Module:
-        """:meth:`to_plain_model` under the 3.x name: on TransformerLens 4, which has no
-        ``HookedTransformer``, the ``TransformerBridge`` in compatibility mode that replaces it
-        (same backbone weights, no priors; at zero gates the same logits)."""
-        return self.to_plain_model()
-
     def init_weights(self) -> None:
         """Re-draw every ``W_*`` parameter as ``HookedTransformer.init_weights`` does (see
         :func:`circuitfade.model.backbone.init_weights`)."""
@@ -230,92 +208,29 @@ class SoftPriorTransformer(SoftPriorCore, HookedRootModule):
     def cpu(self):  # type: ignore[override]
         return self.to(torch.device("cpu"))
 
-    # -- HookedTransformer's weight views -------------------------------------------------
-    @property
-    def W_U(self) -> Float[Tensor, "d_model d_vocab_out"]:
-        return self.unembed.W_U
-
-    @property
-    def b_U(self) -> Float[Tensor, "d_vocab_out"]:
-        return self.unembed.b_U
-
-    @property
-    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.embed.W_E
-
-    @property
-    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
-        """Learned positions (models with ``positional_embedding_type`` standard/shortformer)."""
-        return self.pos_embed.W_pos
+    # -- HookedTransformer's weight views (QK and OV: FactoredViews) ----------------------
+    W_U = property(lambda self: self.unembed.W_U, doc="``unembed.W_U`` ``[d_model, d_vocab_out]``.")
+    b_U = property(lambda self: self.unembed.b_U, doc="``unembed.b_U`` ``[d_vocab_out]``.")
+    W_E = property(lambda self: self.embed.W_E, doc="``embed.W_E`` ``[d_vocab, d_model]``.")
+    W_pos = property(lambda self: self.pos_embed.W_pos,
+                     doc="Learned positions ``[n_ctx, d_model]`` (``positional_embedding_type`` standard/shortformer).")
 
     @property
     def W_E_pos(self) -> Float[Tensor, "d_vocab_plus_n_ctx d_model"]:
         return torch.cat([self.W_E, self.W_pos], dim=0)
 
-    def _stack(self, module: str, name: str) -> Tensor:
-        return torch.stack([getattr(getattr(b, module), name) for b in self.blocks], dim=0)
-
-    @property
-    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        return self._stack("attn", "W_K")
-
-    @property
-    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        return self._stack("attn", "W_Q")
-
-    @property
-    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        return self._stack("attn", "W_V")
-
-    @property
-    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
-        return self._stack("attn", "W_O")
-
-    @property
-    def b_K(self) -> Float[Tensor, "n_layers n_heads d_head"]:
-        return self._stack("attn", "b_K")
-
-    @property
-    def b_Q(self) -> Float[Tensor, "n_layers n_heads d_head"]:
-        return self._stack("attn", "b_Q")
-
-    @property
-    def b_V(self) -> Float[Tensor, "n_layers n_heads d_head"]:
-        return self._stack("attn", "b_V")
-
-    @property
-    def b_O(self) -> Float[Tensor, "n_layers d_model"]:
-        return self._stack("attn", "b_O")
-
-    @property
-    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
-        return self._stack("mlp", "W_in")
-
-    @property
-    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
-        return self._stack("mlp", "W_out")
-
-    @property
-    def b_in(self) -> Float[Tensor, "n_layers d_mlp"]:
-        return self._stack("mlp", "b_in")
-
-    @property
-    def b_out(self) -> Float[Tensor, "n_layers d_model"]:
-        return self._stack("mlp", "b_out")
-
-    @property
-    def QK(self):
-        """``W_Q W_Kᵀ`` per layer and head as a ``FactoredMatrix``."""
-        from transformer_lens import FactoredMatrix
-
-        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
-
-    @property
-    def OV(self):
-        """``W_V W_O`` per layer and head as a ``FactoredMatrix``."""
-        from transformer_lens import FactoredMatrix
-
-        return FactoredMatrix(self.W_V, self.W_O)
+    W_K = _stacked("attn", "W_K", "n_layers n_heads d_model d_head")
+    W_Q = _stacked("attn", "W_Q", "n_layers n_heads d_model d_head")
+    W_V = _stacked("attn", "W_V", "n_layers n_heads d_model d_head")
+    W_O = _stacked("attn", "W_O", "n_layers n_heads d_head d_model")
+    b_K = _stacked("attn", "b_K", "n_layers n_heads d_head")
+    b_Q = _stacked("attn", "b_Q", "n_layers n_heads d_head")
+    b_V = _stacked("attn", "b_V", "n_layers n_heads d_head")
+    b_O = _stacked("attn", "b_O", "n_layers d_model")
+    W_in = _stacked("mlp", "W_in", "n_layers d_model d_mlp")
+    W_out = _stacked("mlp", "W_out", "n_layers d_mlp d_model")
+    b_in = _stacked("mlp", "b_in", "n_layers d_mlp")
+    b_out = _stacked("mlp", "b_out", "n_layers d_model")
 
     def all_head_labels(self) -> list[str]:
         return [f"L{l}H{h}" for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]

@@ -16,18 +16,9 @@ Bias tables are always trainable. ``with model.gates(pos=0.0, content=0.0):``
 overrides gates for evaluation (restored on exit, also after an exception);
 ``model.gate_hooks(...)`` gives the same intervention as hooks.
 
-Hook points added to every ``blocks.{l}.attn`` (the standard ones keep their
-meaning; ``hook_attn_scores`` includes the prior):
-
-==========================  =================================  ======================================
-hook                        shape                              captures
-==========================  =================================  ======================================
-``hook_pos_bias``           ``[head, query_pos, key_pos]``     position bias, before gating
-``hook_content_bias``       ``[batch, head, query_pos, key_pos]``  content bias, before gating
-``hook_gate_pos``           ``[head]``                         effective position gate this forward
-``hook_gate_content``       ``[head]``                         effective content gate this forward
-``hook_prior``              ``[batch, head, query_pos, key_pos]``  total gated bias added to the scores
-==========================  =================================  ======================================
+The hook points the priors add to every ``blocks.{l}.attn`` (``hook_pos_bias``,
+``hook_gate_pos``, ``hook_prior``, ...; ``hook_attn_scores`` includes the prior) are
+listed in :mod:`circuitfade.model.shell`.
 
 When no hook is attached anywhere the model runs a *fused* path (one QKV matmul;
 low-rank priors such as ``content`` folded into the query-key product as extra
@@ -40,7 +31,8 @@ path training and evaluation use; NaN logits elsewhere).
 The computation is :mod:`circuitfade.model.core`; the classes here are its shell for
 the installed line: a ``HookedTransformer`` subclass on TransformerLens 3.x
 (:mod:`circuitfade.model.hooked`), a native ``HookedRootModule`` with the same
-parameters, hooks and numerics on 4.x (:mod:`circuitfade.model.native`).
+parameters, hooks and numerics on 4.x (:mod:`circuitfade.model.native`); what the two
+share is written once in :mod:`circuitfade.model.shell`.
 """
 
 from circuitfade.compat import is_tl4

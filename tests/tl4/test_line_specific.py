@@ -155,3 +155,31 @@ def test_a_config_written_by_this_lines_own_to_dict_reads_back():
         k, v = next(iter(derived.items()))
         with pytest.raises(ValueError, match=k):
             compat.make_config({**fields, k: (not v) if isinstance(v, bool) else "changed"})
+
+
+def test_soft_prior_config_subclasses_the_config_class_the_lines_model_needs():
+    """Why ``SoftPriorConfig``'s base class follows the line: TransformerLens 3.9's ``HookedTransformer``
+    (and each component) takes its config through ``HookedTransformerConfig.unwrap``, which keeps a
+    config only if it *is* a ``HookedTransformerConfig`` and otherwise rebuilds one from ``to_dict()``,
+    failing on the prior fields; so the 3.x shell needs that base. 4.x has no such class:
+    ``BackboneConfig`` (the same fields and defaults) stands in."""
+    import dataclasses
+
+    from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
+    from circuitfade.model.backbone import BackboneConfig
+
+    cfg = SoftPriorConfig()
+    field_names = [f.name for f in dataclasses.fields(BackboneConfig)]
+    assert [f.name for f in dataclasses.fields(cfg)][:len(field_names)] == field_names
+    if compat.is_tl4():
+        assert SoftPriorConfig.__mro__[1] is BackboneConfig
+        return
+    from transformer_lens import HookedTransformerConfig
+
+    assert SoftPriorConfig.__mro__[1] is HookedTransformerConfig and compat.is_config(cfg)
+    assert HookedTransformerConfig.unwrap(cfg) is cfg and SoftPriorTransformer(cfg).cfg is cfg
+    # the same fields on the 4.x stand-in are not enough: unwrap rebuilds the config and trips on the priors
+    alt_cls = dataclasses.make_dataclass("Alt", [("priors", tuple, dataclasses.field(default=("pos",)))],
+                                         bases=(BackboneConfig,))
+    with pytest.raises(TypeError, match="priors"):
+        HookedTransformerConfig.unwrap(alt_cls(d_model=8, d_head=4, n_layers=1, n_ctx=4))
