@@ -12,6 +12,8 @@ mode) is used directly by the analysis code; everything that differs is here:
 * :func:`is_tl4`, :func:`tl_version`: which line is installed;
 * :func:`make_config`, :func:`is_config`, :func:`config_fields`: plain-model configs
   (``HookedTransformerConfig`` on 3.x, ``TransformerBridgeConfig`` on 4.x);
+* :func:`config_from_dict`, :data:`TL39_ONLY_DEFAULTS`: a saved config of either line
+  translated for the installed one (what ``circuitfade.store.attach(config=...)`` reads);
 * :func:`plain_model`: a plain model from a config (a ``HookedTransformer``, or a
   ``TransformerBridge.boot_native`` bridge in compatibility mode without weight
   processing, so hook names, shapes and numerics are the ``HookedTransformer`` ones);
@@ -46,6 +48,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -60,6 +63,8 @@ __all__ = [
     "config_fields",
     "config_required_fields",
     "make_config",
+    "config_from_dict",
+    "TL39_ONLY_DEFAULTS",
     "is_config",
     "plain_model",
     "native_state_dict",
@@ -180,6 +185,91 @@ def make_config(d: Mapping):
     if unknown:
         raise ValueError(f"unknown {config_class_name()} fields {unknown}")
     return _config_class()(**d)
+
+
+def _as_torch_dtype(v, source: str):
+    """A config's ``dtype`` (a ``torch.dtype`` or its name, ``"float32"``/``"torch.float32"``: what
+    ``json.dump(cfg.to_dict(), f, default=str)`` writes) as a floating ``torch.dtype``."""
+    if isinstance(v, str):
+        dt = getattr(torch, v.strip().removeprefix("torch."), None)
+        if not isinstance(dt, torch.dtype):
+            raise CheckpointError(f"{source}: field 'dtype': unknown torch dtype {v!r} (e.g. 'float32')")
+        v = dt
+    if isinstance(v, torch.dtype) and not v.is_floating_point:
+        raise CheckpointError(f"{source}: field 'dtype': a model's weights are floating point (float32, float16, "
+                              f"bfloat16, float64), got {v}")
+    return v
+
+
+TL39_ONLY_DEFAULTS: dict[str, Any] = {
+    "clip_qkv": None, "use_logn_attn": False, "train_seq_length": None, "use_dynamic_ntk_rope": False,
+    "ungroup_grouped_query_attention": False, "rotary_base_local": None, "rotary_scaling_factor": 1.0,
+    "quantization_method": None, "NTK_original_ctx_len": 8192, "use_yarn_rope": False, "yarn_factor": 1.0,
+    "yarn_attention_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
+    "yarn_original_max_position_embeddings": 4096, "yarn_truncate": True, "yarn_global_attn_only": False,
+    "use_attention_sinks": False, "norm_topk_prob": False,
+}
+"""The 19 fields of TransformerLens 3.9's ``HookedTransformerConfig`` that 4.x's
+``TransformerBridgeConfig`` does not have, with their 3.9 defaults. A saved 3.9 config
+(``cfg.to_dict()``) attaches on 4.x: these fields are dropped when at their default (they
+change nothing then); a non-default one is refused, naming it."""
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    return a == b
+
+
+def _drop_foreign_defaults(d: dict, source: str, known: frozenset[str]) -> dict:
+    """``d`` without the fields the installed config class lacks that sit at their TransformerLens 3.9
+    default (:data:`TL39_ONLY_DEFAULTS`); :class:`CheckpointError` naming any other unknown field."""
+    unknown = sorted(set(d) - known)
+    if not unknown:
+        return d
+    cls = config_class_name()
+    changed = [k for k in unknown if k in TL39_ONLY_DEFAULTS and not _same_value(d[k], TL39_ONLY_DEFAULTS[k])]
+    if changed:
+        vals = ", ".join(f"{k}={d[k]!r} (3.9 default {TL39_ONLY_DEFAULTS[k]!r})" for k in changed)
+        raise CheckpointError(
+            f"{source}: {vals}: TransformerLens 3.9 field(s) that {cls} (transformer-lens {tl_version()}) "
+            "does not have, set away from their default, so this model cannot be rebuilt on this line; load it "
+            "with transformer-lens 3.9"
+        )
+    foreign = [k for k in unknown if k not in TL39_ONLY_DEFAULTS]
+    if foreign:
+        raise CheckpointError(f"{source}: unknown {cls} fields {foreign}")
+    return {k: v for k, v in d.items() if k in known}
+
+
+_INT_FIELDS = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "d_mlp", "d_vocab_out")
+
+
+def _check_fields(d: Mapping, source: str) -> None:
+    """Missing required fields and wrongly typed integer fields, named with the file."""
+    missing = [k for k in (*config_required_fields(), "d_vocab") if k not in d]
+    if missing:
+        raise CheckpointError(f"{source}: missing field(s) {missing} ({config_class_name()} needs them)")
+    for k in _INT_FIELDS:
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise CheckpointError(f"{source}: field {k!r} must be an integer, got {v!r}")
+
+
+def config_from_dict(d: Mapping, source: str = "config"):
+    """A plain-model config of the installed line from a saved or hand-written dict of its fields
+    (``source`` names it in errors): a TransformerLens 3.9 ``cfg.to_dict()`` reads on 4.x (the
+    fields of :data:`TL39_ONLY_DEFAULTS` dropped at their defaults), ``dtype`` may be a string
+    (``"float32"``, ``"torch.float32"``). Raises :class:`~circuitfade.io.CheckpointError` naming a
+    missing, unknown, wrongly typed or invalid field."""
+    d = _drop_foreign_defaults(dict(d), source, config_fields() | set(derived_config_defaults()))
+    _check_fields(d, source)
+    if "dtype" in d:
+        d["dtype"] = _as_torch_dtype(d["dtype"], source)
+    try:
+        return make_config(d)
+    except (TypeError, ValueError, AssertionError) as e:
+        raise CheckpointError(f"{source}: invalid {config_class_name()}: {e}") from None
 
 
 def _as_config(config):

@@ -65,12 +65,13 @@ columns ``step, layer, head, metric, value, se, lo, hi, note`` plus the series m
 
 from __future__ import annotations
 
+from circuitfade.compat import TL39_ONLY_DEFAULTS
+
 from .hf import SUPPORTED_HF_ARCHITECTURES, check_hf_weights, check_series_weights, load_hf_local
 from .runs import is_run_dir, open_run
 from .series import CheckpointSeries, Snapshot
 from .sources import (
     NAMING_SCHEMES,
-    TL39_ONLY_DEFAULTS,
     WEIGHT_SUFFIXES,
     attach,
     from_hf,

@@ -273,75 +273,6 @@ def _label_steps(items: list[Path], steps: Sequence[int] | None, what: str, *,
     return kept, labels
 
 
-def _as_torch_dtype(v, source: str):
-    """A config's ``dtype`` (a ``torch.dtype`` or its name, ``"float32"``/``"torch.float32"``: what
-    ``json.dump(cfg.to_dict(), f, default=str)`` writes) as a floating ``torch.dtype``."""
-    if isinstance(v, str):
-        dt = getattr(torch, v.strip().removeprefix("torch."), None)
-        if not isinstance(dt, torch.dtype):
-            raise CheckpointError(f"{source}: field 'dtype': unknown torch dtype {v!r} (e.g. 'float32')")
-        v = dt
-    if isinstance(v, torch.dtype) and not v.is_floating_point:
-        raise CheckpointError(f"{source}: field 'dtype': a model's weights are floating point (float32, float16, "
-                              f"bfloat16, float64), got {v}")
-    return v
-
-
-TL39_ONLY_DEFAULTS: dict[str, Any] = {
-    "clip_qkv": None, "use_logn_attn": False, "train_seq_length": None, "use_dynamic_ntk_rope": False,
-    "ungroup_grouped_query_attention": False, "rotary_base_local": None, "rotary_scaling_factor": 1.0,
-    "quantization_method": None, "NTK_original_ctx_len": 8192, "use_yarn_rope": False, "yarn_factor": 1.0,
-    "yarn_attention_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
-    "yarn_original_max_position_embeddings": 4096, "yarn_truncate": True, "yarn_global_attn_only": False,
-    "use_attention_sinks": False, "norm_topk_prob": False,
-}
-"""The 19 fields of TransformerLens 3.9's ``HookedTransformerConfig`` that 4.x's
-``TransformerBridgeConfig`` does not have, with their 3.9 defaults. A saved 3.9 config
-(``cfg.to_dict()``) attaches on 4.x: these fields are dropped when at their default (they
-change nothing then); a non-default one is refused, naming it."""
-
-
-def _same_value(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
-        return a is b
-    return a == b
-
-
-def _drop_foreign_defaults(d: dict, source: str, known: frozenset[str]) -> dict:
-    """``d`` without the fields the installed config class lacks that sit at their TransformerLens 3.9
-    default (:data:`TL39_ONLY_DEFAULTS`); :class:`CheckpointError` naming any other unknown field."""
-    unknown = sorted(set(d) - known)
-    if not unknown:
-        return d
-    cls = compat.config_class_name()
-    changed = [k for k in unknown if k in TL39_ONLY_DEFAULTS and not _same_value(d[k], TL39_ONLY_DEFAULTS[k])]
-    if changed:
-        vals = ", ".join(f"{k}={d[k]!r} (3.9 default {TL39_ONLY_DEFAULTS[k]!r})" for k in changed)
-        raise CheckpointError(
-            f"{source}: {vals}: TransformerLens 3.9 field(s) that {cls} (transformer-lens {compat.tl_version()}) "
-            "does not have, set away from their default, so this model cannot be rebuilt on this line; load it "
-            "with transformer-lens 3.9"
-        )
-    foreign = [k for k in unknown if k not in TL39_ONLY_DEFAULTS]
-    if foreign:
-        raise CheckpointError(f"{source}: unknown {cls} fields {foreign}")
-    return {k: v for k, v in d.items() if k in known}
-
-
-_INT_FIELDS = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab", "d_mlp", "d_vocab_out")
-
-
-def _check_fields(d: Mapping, source: str) -> None:
-    """Missing required fields and wrongly typed integer fields, named with the file."""
-    missing = [k for k in (*compat.config_required_fields(), "d_vocab") if k not in d]
-    if missing:
-        raise CheckpointError(f"{source}: missing field(s) {missing} ({compat.config_class_name()} needs them)")
-    for k in _INT_FIELDS:
-        v = d.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise CheckpointError(f"{source}: field {k!r} must be an integer, got {v!r}")
-
-
 def _build_config(config, source: str):
     """A ``HookedTransformerConfig`` (or ``SoftPriorConfig``; on TransformerLens 4 a
     ``TransformerBridgeConfig``) from an object, dict or JSON file."""
@@ -359,14 +290,7 @@ def _build_config(config, source: str):
         d = dict(config)
         if "priors" in d and "gate_modes" in d:
             return SoftPriorConfig.from_json_dict(d, source=source)
-        d = _drop_foreign_defaults(d, source, compat.config_fields() | set(compat.derived_config_defaults()))
-        _check_fields(d, source)
-        if "dtype" in d:
-            d["dtype"] = _as_torch_dtype(d["dtype"], source)
-        try:
-            return compat.make_config(d)
-        except (TypeError, ValueError, AssertionError) as e:
-            raise CheckpointError(f"{source}: invalid {compat.config_class_name()}: {e}") from None
+        return compat.config_from_dict(d, source)
     raise ValueError(
         "config= must be a HookedTransformerConfig (or SoftPriorConfig), a dict of its fields, "
         f"or a path to a JSON file with them; got {type(config).__name__}"

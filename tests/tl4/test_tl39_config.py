@@ -51,3 +51,23 @@ def test_a_tl39_only_field_away_from_its_default_is_refused_on_4x(tmp_path):
     plant(tmp_path / "c", config)
     with pytest.raises(CheckpointError, match=r"config\.json: yarn_factor=4\.0 \(3\.9 default 1\.0\).*TransformerBridgeConfig"):
         attach(tmp_path / "c")
+
+
+def test_the_translation_is_compats_and_attach_uses_it(tmp_path):
+    """``compat.config_from_dict`` is the one translation of a saved config to the installed line
+    (``circuitfade.store.TL39_ONLY_DEFAULTS`` is compat's table); its refusals name the source."""
+    import circuitfade.store as store
+
+    assert store.TL39_ONLY_DEFAULTS is compat.TL39_ONLY_DEFAULTS
+    config = json.loads((DATA / "ht39_config.json").read_text())
+    cfg = compat.config_from_dict(config, "saved")
+    assert compat.is_config(cfg) and cfg.dtype == torch.float32 and (cfg.n_layers, cfg.d_model) == (
+        config["n_layers"], config["d_model"])
+    with pytest.raises(CheckpointError, match=r"^saved: missing field\(s\) \['d_model'\]"):
+        compat.config_from_dict({k: v for k, v in config.items() if k != "d_model"}, "saved")
+    with pytest.raises(CheckpointError, match=r"^saved: field 'n_ctx' must be an integer, got '8'"):
+        compat.config_from_dict({**config, "n_ctx": "8"}, "saved")
+    with pytest.raises(CheckpointError, match=r"^saved: unknown \w+Config fields \['bogus'\]"):
+        compat.config_from_dict({**config, "bogus": 1}, "saved")
+    with pytest.raises(CheckpointError, match=r"^saved: field 'dtype': unknown torch dtype 'float31'"):
+        compat.config_from_dict({**config, "dtype": "float31"}, "saved")
