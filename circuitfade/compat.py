@@ -272,7 +272,7 @@ def config_from_dict(d: Mapping, source: str = "config"):
         raise CheckpointError(f"{source}: invalid {config_class_name()}: {e}") from None
 
 
-def _as_config(config):
+def _as_plain_config(config):
     if isinstance(config, Mapping):
         return make_config(config)
     if not is_config(config):
@@ -295,7 +295,7 @@ def plain_model(config, device: str = "cpu", *, init_weights: bool = True, meta:
     ``tokenizer`` (a Hugging Face tokenizer, optional) is given to the model's constructor
     (``to_tokens``/``to_string`` then work; a missing pad token becomes the EOS token).
     """
-    cfg = _as_config(config)
+    cfg = _as_plain_config(config)
     if is_tl4():  # TransformerBridgeConfig has a hand-written __init__: replace() would drop fields
         cfg = copy.deepcopy(cfg)
         cfg.init_weights, cfg.device = init_weights, device

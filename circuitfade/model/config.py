@@ -7,6 +7,12 @@ On TransformerLens 3.x it subclasses ``HookedTransformerConfig`` (so a
 and derived values. The declaration below is the same on both lines, so
 :meth:`SoftPriorConfig.to_json_dict` writes the same JSON and a config written by one
 line reads on the other.
+
+Why the base class follows the line: TransformerLens 3.9's ``HookedTransformer`` (and each
+of its components) takes the config through ``HookedTransformerConfig.unwrap``, which keeps
+a config only if it is a ``HookedTransformerConfig`` and otherwise rebuilds one from
+``to_dict()``, failing on the prior fields; so the 3.x shell needs that base (checked in
+``tests/tl4/test_line_specific.py``).
 """
 
 from __future__ import annotations
