@@ -8,7 +8,7 @@ dtypes and registration order (so state dicts, ``named_parameters`` order and
 optimizer state line up), the same hook points, the same arithmetic (so logits and
 gradients are bit-identical), and the same random initialisation sequence. Only
 ``HookPoint`` (shared by both lines) is taken from TransformerLens; everything here
-imports on either line, and ``tests/test_lines_equivalence.py`` checks it against
+imports on either line, and ``tests/tl4/test_soft_prior_lines.py`` checks it against
 TransformerLens 3.9 term by term.
 
 * :class:`BackboneConfig` - the fields, defaults and derived values of 3.9's

@@ -1,26 +1,16 @@
-"""The soft-prior model without ``HookedTransformer``: a native ``HookedRootModule``.
+"""The soft-prior model on TransformerLens 4.x: a native ``HookedRootModule``.
 
 TransformerLens 4 removed ``HookedTransformer`` but keeps ``HookedRootModule`` and
-``HookPoint``. This shell builds the soft-prior model from them and from
-:mod:`circuitfade.model.backbone`, with exactly the module tree of the 3.x shell
-(:mod:`circuitfade.model.hooked`): the same parameter and buffer names, shapes and order,
-the same hook names and shapes (``blocks.{l}.attn.hook_z``, ``hook_pattern``,
-``hook_prior``, ``hook_gate_pos``, ``hook_resid_post``, ``ln_final.hook_normalized``,
-...), and the same computation (:mod:`circuitfade.model.core`). So a state dict, a
-``config.json`` or a run directory written on one line loads on the other and gives
-bit-identical logits, gradients and training runs; ``run_with_cache``,
-``run_with_hooks``, ``hooks()``, ``gates(...)`` and ``gate_hooks(...)`` work as on 3.x,
-and so do the ``W_E``, ``W_Q``, ``QK``, ``OV``, ... weight views. What the two shells share
-(the config argument, ``QK``/``OV``, the deprecated ``to_hooked_transformer`` alias, the
-prior hook points) is :mod:`circuitfade.model.shell`.
-
-Even the random initialisation is 3.x's: ``SoftPriorTransformer(cfg)`` after
-``torch.manual_seed(s)`` gives the same weights on both lines (the 3.x shell draws a
-``HookedTransformer`` initialisation, builds the priors, then draws again; this shell
-makes the same draws in the same order).
-
-:mod:`circuitfade.model` exports this shell on TransformerLens 4.x; it also imports on
-3.x, where the equivalence tests run it beside the ``HookedTransformer`` shell.
+``HookPoint``. This shell builds the module tree of the 3.x shell
+(:mod:`circuitfade.model.hooked`) from them and :mod:`circuitfade.model.backbone`: the same
+parameter, buffer and hook names, shapes and order, and the same random draws in the same
+order (the 3.x shell draws a ``HookedTransformer`` initialisation, builds the priors, then
+draws again), around the same computation (:mod:`circuitfade.model.core`). So a state dict,
+a ``config.json`` or a run directory written on one line loads on the other and gives
+bit-identical logits, gradients and training runs. What the two shells share is
+:mod:`circuitfade.model.shell`; what ``HookedTransformer`` gives the 3.x shell (``to``,
+``init_weights``, the stacked ``W_Q``, ``W_E``, ... views) is written here. It also imports
+on 3.x, where the equivalence tests run it beside the ``HookedTransformer`` shell.
 """
 
 from __future__ import annotations
@@ -129,14 +119,8 @@ def _stacked(module: str, name: str, shape: str) -> property:
 
 
 class SoftPriorTransformer(SoftPriorShell, FactoredViews, SoftPriorCore, HookedRootModule):
-    """The soft-prior Transformer as a native TransformerLens ``HookedRootModule``.
-
-    Build with ``SoftPriorTransformer(SoftPriorConfig.base())`` (or keyword overrides:
-    ``SoftPriorTransformer(n_layers=4)``). Inputs are token tensors ``[batch, pos]``;
-    ``run_with_cache``, ``run_with_hooks`` and the standard hook names
-    (``blocks.0.attn.hook_pattern``) work as on TransformerLens 3. Same parameters,
-    hooks, numerics and initialisation as the 3.x ``HookedTransformer`` shell.
-    """
+    """The soft-prior Transformer as a native TransformerLens ``HookedRootModule``: built,
+    called and hooked as the 3.x shell's :class:`~circuitfade.model.hooked.SoftPriorTransformer`."""
 
     cfg: SoftPriorConfig
 

@@ -342,6 +342,18 @@ def test_to_hooked_transformer_is_a_deprecated_alias_of_to_plain_model():
         assert (model(x) - b(x)).abs().max() > 1e-3  # the priors matter at the trained gates
 
 
+def test_both_shells_read_their_config_argument_alike():
+    """``as_config`` (model.shell) is the one reading of ``cfg``: None, a dict or a config, plus overrides."""
+    shells = [SoftPriorTransformer] + ([] if compat.is_tl4() else [_native()])
+    for cls in shells:
+        assert cls(n_layers=1).cfg == SoftPriorConfig(n_layers=1)
+        assert cls({"n_layers": 1, "d_vocab": 7}, d_vocab=9).cfg == SoftPriorConfig(n_layers=1, d_vocab=9)
+        base = SoftPriorConfig(n_layers=1)
+        assert cls(base).cfg is base and cls(base, n_heads=2).cfg.n_heads == 2 and base.n_heads == 4
+        with pytest.raises(TypeError, match="^expected a SoftPriorConfig, got int$"):
+            cls(42)
+
+
 # ------------------------------------------------------------------ unsupported on the native shell
 def test_native_shell_names_a_feature_it_does_not_implement():
     from circuitfade.model.native import SoftPriorTransformer as Native
