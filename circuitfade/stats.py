@@ -16,7 +16,8 @@
 * Means of a correlated time series (e.g. a per-step observable of a training run at
   stationarity): :func:`batch_means_interval` (non-overlapping batch means, Student-t).
 * Medians over seeds: :func:`bootstrap_median`, :func:`bootstrap_median_ratio` (percentile bootstrap).
-* Counts: :func:`binomial_exact_interval` (Clopper-Pearson), :func:`sign_test` (exact, one-sided).
+* Counts: :func:`binomial_exact_interval` (Clopper-Pearson), :func:`sign_test` (exact, one-sided),
+  :func:`chance_overlap` (expected overlap of two random subsets: hypergeometric).
 * Fits: :func:`nelder_mead` (derivative-free minimiser).
 * Comparing intervals: :func:`compare_intervals` (``"higher"``, ``"lower"`` or
   ``"overlap"``).
@@ -59,6 +60,7 @@ __all__ = [
     "bootstrap_median_ratio",
     "bootstrap_ratio",
     "bootstrap_weights",
+    "chance_overlap",
     "check_count",
     "check_interval",
     "check_level",
@@ -420,6 +422,33 @@ def percentile_interval(boot, level: float = DEFAULT_LEVEL, axis: int = 0) -> tu
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices -> NaN
         lo, hi = np.nanpercentile(b, q, axis=axis)
     return lo, hi
+
+
+# ---------------------------------------------------------------------------- overlaps
+def chance_overlap(n: int, k: int, k2: int | None = None) -> dict[str, float]:
+    """Expected overlap of two independent uniformly random subsets of ``k`` and ``k2`` (default
+    ``k``) of ``n`` items: the chance baseline of a circuit overlap.
+
+    The shared count ``I`` is hypergeometric, ``P(I = i) = C(k, i) C(n - k, k2 - i) / C(n, k2)``.
+    Returns ``{"shared"}`` (``E[I]`` = ``k k2 / n``), ``"fraction"`` (``E[I] / k``: the expected
+    share of the first subset found in the second) and ``"jaccard"`` (``E[I / (k + k2 - I)]``,
+    exact over the distribution; 1 for two empty subsets). ``ValueError`` unless
+    ``0 <= k, k2 <= n``.
+    """
+    n = check_count(n, "chance_overlap: n")
+    k = check_count(k, "chance_overlap: k")
+    k2 = k if k2 is None else check_count(k2, "chance_overlap: k2")
+    if k > n or k2 > n:
+        raise ValueError(f"chance_overlap: subset sizes k={k}, k2={k2} must not exceed n={n}")
+    total = math.comb(n, k2)
+    lo, hi = max(0, k + k2 - n), min(k, k2)
+    jac = 0.0
+    for i in range(lo, hi + 1):
+        p = math.comb(k, i) * math.comb(n - k, k2 - i) / total
+        union = k + k2 - i
+        jac += p * (i / union if union else 1.0)
+    shared = k * k2 / n if n else 0.0
+    return {"shared": shared, "fraction": shared / k if k else math.nan, "jaccard": jac}
 
 
 # ------------------------------------------------------------------------- Student t

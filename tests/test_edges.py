@@ -144,6 +144,79 @@ def test_eap_ig_recovers_the_planted_circuit_and_agrees_with_patching(planted):
     assert curve["recovered"].iloc[0] == pytest.approx(0.0, abs=1e-6)
     assert curve["recovered"].iloc[-1] == pytest.approx(1.0, abs=1e-6)
     assert smallest_circuit(curve, 0.9)["k"] == 3
+    # the interval over examples: exact at both ends (patching nothing / everything), around the value between
+    assert curve[["lo", "hi"]].iloc[0].to_numpy() == pytest.approx([0.0, 0.0], abs=1e-6)
+    assert curve[["lo", "hi"]].iloc[-1].to_numpy() == pytest.approx([1.0, 1.0], abs=1e-6)
+    assert bool((curve["lo"] <= curve["recovered"] + 1e-9).all()) and bool((curve["recovered"] <= curve["hi"] + 1e-9).all())
+    assert bool(((curve["hi"] - curve["lo"]).iloc[3:5] > 1e-3).all())  # k = 3, 5: a ratio of noisy means
+
+
+def test_faithfulness_interval_is_the_bootstrap_of_the_recovered_ratio(planted):
+    """The band re-derived by hand from per-example patched objectives and the package's resamples."""
+    from circuitfade.analysis.heads import BOOTSTRAP_SEED
+    from circuitfade.stats import bootstrap_weights, percentile_interval
+
+    model, clean, corr = planted
+    g = edge_graph(model)
+    ig = edge_scores(model, clean, corr, method="eap", graph=g, resamples=20)
+    curve = faithfulness_curve(model, clean, corr, ig, ks=[3], graph=g, resamples=50, level=0.9)
+    keep = top_edges(ig, 3)
+    n = len(clean)
+    per = []
+    for i in range(n):  # one example at a time (twice: a batch needs two): clean, corrupted, patched
+        r = patch_edges(model, clean[[i, i]], corr[[i, i]], keep, keep=True, graph=g)
+        per.append([r["clean"], r["corrupted"], r["patched"]])
+    vals = np.array(per)
+    assert vals[:, 2].std() > 1e-3  # the examples differ, so the interval has width
+    w = bootstrap_weights(n, 50, BOOTSTRAP_SEED)
+    boot = w @ vals / n
+    rec = (boot[:, 2] - boot[:, 1]) / (boot[:, 0] - boot[:, 1])
+    lo, hi = percentile_interval(rec, 0.9)
+    assert curve["lo"].iloc[0] == pytest.approx(lo, abs=1e-5) and curve["hi"].iloc[0] == pytest.approx(hi, abs=1e-5)
+
+
+def test_chunked_scores_equal_the_whole_batch(planted):
+    model, clean, corr = planted
+    g = edge_graph(model)
+    for method in ("eap", "eap-ig"):
+        whole = edge_scores(model, clean, corr, method=method, steps=3, graph=g, resamples=30)
+        for chunk in (5, 32, 100):
+            part = edge_scores(model, clean, corr, method=method, steps=3, graph=g, resamples=30, chunk=chunk)
+            for col in ("value", "se", "lo", "hi"):
+                assert np.allclose(part[col], whole[col], rtol=1e-5, atol=1e-7), (method, chunk, col)
+    with pytest.raises(ValueError, match="chunk"):
+        edge_scores(model, clean, corr, chunk=0)
+
+
+def test_chunk_bounds_the_gradient_memory(planted):
+    """The largest tensor made while scoring a 64-sequence batch shrinks with ``chunk`` (the
+    gradient buffer ``[receivers, batch, pos, d_model]`` is made per chunk): every tensor a torch
+    function returns is measured."""
+    from torch.overrides import TorchFunctionMode
+
+    class Largest(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.bytes = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.bytes = max(self.bytes, t.numel() * t.element_size())
+            return out
+
+    model, _, _ = planted
+    clean = eval_set(CopyTask(), n=64, seed=2)
+    corr = counterfactual_batch(clean)
+    g = edge_graph(model)
+    largest = {}
+    for chunk in (None, 8):
+        with Largest() as mode:
+            edge_scores(model, clean, corr, method="eap", graph=g, resamples=20, chunk=chunk)
+        largest[chunk] = mode.bytes
+    grad_bytes = len(g.receivers) * 64 * clean.tokens.shape[1] * model.cfg.d_model * 4
+    assert largest[None] >= grad_bytes and largest[8] * 8 <= largest[None], (largest, grad_bytes)
 
 
 def test_timeline_on_a_planted_frame():
@@ -156,6 +229,9 @@ def test_timeline_on_a_planted_frame():
     assert tl.steps["circuit"].tolist() == [["a", "b"], ["a", "c"], ["d", "a"], ["d", "a"]]
     assert tl.steps["overlap_prev"].tolist()[1:] == pytest.approx([1 / 3, 1 / 3, 1.0])
     assert tl.match_step == 2 and tl.first_match == 2
+    # chance: two random 2-edge circuits of 4 edges share 0, 1 or 2 edges with probability 1/6, 4/6, 1/6
+    assert tl.chance == pytest.approx(4 / 6 * 1 / 3 + 1 / 6) and tl.n_edges == 4
+    assert tl.steps["chance"].tolist() == pytest.approx([tl.chance] * 4)
     e = tl.edges.set_index("edge")
     assert e.loc["b", "entered"] == [0] and e.loc["b", "left"] == [1] and not e.loc["b", "in_final"]
     assert e.loc["d", "first_step"] == 2 and e.loc["a", "n_steps"] == 4

@@ -60,7 +60,8 @@ import torch
 from torch import Tensor
 
 from circuitfade.analysis.heads import BOOTSTRAP_SEED, check_batch, gates_context
-from circuitfade.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, bootstrap_weights, percentile_interval
+from circuitfade.stats import (DEFAULT_LEVEL, DEFAULT_RESAMPLES, bootstrap_weights, chance_overlap,
+                               percentile_interval)
 from circuitfade.store.tracing import Metric
 from circuitfade.tasks import Batch
 
@@ -499,6 +500,30 @@ def _frame(g: EdgeGraph, stats: Mapping[str, np.ndarray], **const) -> pd.DataFra
     return df
 
 
+def _edge_products(model, g: EdgeGraph, clean: Batch, corrupted: Batch, fn, alphas: Sequence[float]) -> Tensor:
+    """Per example and edge ``[batch, edges]``: ``(a_clean - a_corrupted) . dM/dx_receiver``, the
+    gradient averaged over the embedding interpolation points ``alphas`` (``[1.0]``: EAP)."""
+    with torch.no_grad():
+        clean_logits, a_clean, e_clean = _run(model, g, clean.tokens)
+        _, a_corr, e_corr = _run(model, g, corrupted.tokens)
+    grad = torch.zeros((len(g.receivers),) + tuple(a_clean.shape[1:]), dtype=a_clean.dtype, device=a_clean.device)
+    for a in alphas:
+        delta = torch.zeros_like(grad, requires_grad=True)
+        emb = None if a == 1.0 else e_corr + a * (e_clean - e_corr)
+        with torch.enable_grad():
+            logits, _, _ = _run(model, g, clean.tokens, delta=delta, embed=emb)
+            total = fn(logits, clean, corrupted, clean_logits).sum()
+            (gr,) = torch.autograd.grad(total, delta, allow_unused=True)
+        if gr is not None:
+            grad += gr.detach() / len(alphas)
+    diff = (a_clean - a_corr).detach()
+    s_idx = torch.tensor(g.edges["s"].to_numpy(), device=diff.device)
+    r_idx = torch.tensor(g.edges["r"].to_numpy(), device=diff.device)
+    # every sender x receiver product per example ([batch, senders, receivers]), then the edges
+    pairs = torch.einsum("ubpd,rbpd->bur", diff.double(), grad.double())
+    return pairs[:, s_idx, r_idx]
+
+
 def edge_scores(
     model,
     clean: Batch,
@@ -511,6 +536,7 @@ def edge_scores(
     resamples: int = DEFAULT_RESAMPLES,
     level: float = DEFAULT_LEVEL,
     graph: EdgeGraph | None = None,
+    chunk: int | None = None,
 ) -> pd.DataFrame:
     """Attribution score of every edge: EAP or EAP-IG, with a bootstrap interval over examples.
 
@@ -519,7 +545,10 @@ def edge_scores(
     the clean run (``method="eap"``) or averaged over ``steps`` runs whose embeddings go from the
     corrupted to the clean ones (``"eap-ig"``, points ``k / steps``, ``k = 1..steps``). A positive
     score says patching the edge alone to its corrupted value lowers the objective by about that
-    much. ``gates``: a gate condition for a soft-prior model (``None``: as it is).
+    much. ``gates``: a gate condition for a soft-prior model (``None``: as it is). ``chunk``:
+    examples per forward and backward pass (``None``: the whole batch at once); the gradient
+    buffer ``[receivers, chunk, pos, d_model]`` then stays that size whatever the batch, and the
+    scores are the same up to float rounding.
 
     Returns one row per edge: the graph columns (:class:`EdgeGraph`), ``value``, ``se``, ``lo``,
     ``hi`` (bootstrap over examples, ``resamples`` resamples, percentile interval at ``level``),
@@ -529,30 +558,21 @@ def edge_scores(
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected a positive int, got {steps!r}")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk: expected a positive int or None, got {chunk!r}")
     name, fn = _objective(objective)
     g = graph if graph is not None else edge_graph(model)
     clean, corrupted = _check_pair(model, clean, corrupted)
+    alphas = [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
+    n = len(clean)
+    size = n if chunk is None else min(int(chunk), n)
     with _Eval(model, gates):
-        with torch.no_grad():
-            clean_logits, a_clean, e_clean = _run(model, g, clean.tokens)
-            _, a_corr, e_corr = _run(model, g, corrupted.tokens)
-        alphas = [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
-        grad = torch.zeros((len(g.receivers),) + tuple(a_clean.shape[1:]), dtype=a_clean.dtype, device=a_clean.device)
-        for a in alphas:
-            delta = torch.zeros_like(grad, requires_grad=True)
-            emb = None if a == 1.0 else e_corr + a * (e_clean - e_corr)
-            with torch.enable_grad():
-                logits, _, _ = _run(model, g, clean.tokens, delta=delta, embed=emb)
-                total = fn(logits, clean, corrupted, clean_logits).sum()
-                (gr,) = torch.autograd.grad(total, delta, allow_unused=True)
-            if gr is not None:
-                grad += gr.detach() / len(alphas)
-        diff = (a_clean - a_corr).detach()
-        s_idx = torch.tensor(g.edges["s"].to_numpy(), device=diff.device)
-        r_idx = torch.tensor(g.edges["r"].to_numpy(), device=diff.device)
-        # every sender x receiver product per example ([batch, senders, receivers]), then the edges
-        pairs = torch.einsum("ubpd,rbpd->bur", diff.double(), grad.double())
-        per_edge = pairs[:, s_idx, r_idx]  # [batch, edges]
+        parts = []
+        for start in range(0, n, size):
+            idx = torch.arange(start, min(start + size, n), device=clean.device)
+            part = (clean, corrupted) if size == n else (clean[idx], corrupted[idx])
+            parts.append(_edge_products(model, g, *part, fn, alphas).cpu())
+        per_edge = torch.cat(parts, 0)
     stats = _interval(per_edge.cpu().numpy(), resamples, level)
     return _frame(g, stats, method=method, objective=name, n=len(clean))
 
@@ -669,14 +689,18 @@ def faithfulness_curve(
     objective: str | Callable = "logit_diff",
     gates=None,
     graph: EdgeGraph | None = None,
+    resamples: int = DEFAULT_RESAMPLES,
+    level: float = DEFAULT_LEVEL,
 ) -> pd.DataFrame:
     """The objective recovered by the circuit of the top ``k`` edges of ``scores`` (every other
     edge patched to its corrupted value), measured exactly, for each ``k`` in ``ks`` (default:
     about 20 sizes from 0 to every edge, log-spaced).
 
     Returns columns ``k``, ``value`` (mean objective), ``recovered`` (``(value - corrupted) /
-    (clean - corrupted)``: 0 = the corrupted run, 1 = the clean run), ``clean``, ``corrupted``,
-    ``objective``.
+    (clean - corrupted)``: 0 = the corrupted run, 1 = the clean run), ``lo`` / ``hi`` (bootstrap
+    percentile interval of ``recovered`` over examples at ``level``: clean, corrupted and
+    patched means recomputed on each of ``resamples`` shared resamples), ``clean``,
+    ``corrupted``, ``objective``.
     """
     name, fn = _objective(objective)
     g = graph if graph is not None else edge_graph(model)
@@ -690,10 +714,17 @@ def faithfulness_curve(
     ranked = top_edges(scores, n, by=by)
     ws = [g.weights(ranked[:k], complement=True) for k in ks]
     with _Eval(model, gates):
-        vals = [float(v.mean()) for v in _patched_objective(model, g, clean, corrupted, fn, ws)]
+        per = torch.stack(_patched_objective(model, g, clean, corrupted, fn, ws)).double().cpu().numpy()
+    vals = [float(v) for v in per.mean(1)]
     c, kc = vals[0], vals[1]
+    w = bootstrap_weights(per.shape[1], resamples, BOOTSTRAP_SEED)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boot = (w @ per.T) / per.shape[1]  # [resamples, clean + corrupted + sizes]
+        rec = (boot[:, 2:] - boot[:, 1:2]) / (boot[:, :1] - boot[:, 1:2])
+    rec[~np.isfinite(rec)] = np.nan
+    lo, hi = percentile_interval(rec, level)
     return pd.DataFrame({"k": ks, "value": vals[2:], "recovered": [_recovered(v, c, kc) for v in vals[2:]],
-                         "clean": c, "corrupted": kc, "objective": name})
+                         "lo": lo, "hi": hi, "clean": c, "corrupted": kc, "objective": name})
 
 
 def smallest_circuit(curve: pd.DataFrame, fraction: float = 0.8) -> dict:
@@ -724,6 +755,7 @@ def edge_attribution(
     resamples: int = DEFAULT_RESAMPLES,
     level: float = DEFAULT_LEVEL,
     name: str = EDGE_ATTRIBUTION,
+    chunk: int | None = None,
 ) -> Metric:
     """:func:`edge_scores` as a metric of :func:`circuitfade.store.trace`: one row per edge and
     checkpoint, metric ``name``, ``layer`` / ``head`` NA, the edge columns kept.
@@ -731,6 +763,7 @@ def edge_attribution(
     ``corrupted``: a :class:`Batch` matching the traced batch, a function ``batch -> Batch``,
     or ``None`` for :func:`counterfactual_batch` of the traced batch. Gradients are switched on
     inside the metric, so ``trace`` needs no ``grad=True``; one model is in memory at a time.
+    ``chunk``: examples per gradient pass (:func:`edge_scores`).
     """
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
@@ -744,7 +777,7 @@ def edge_attribution(
         corr = counterfactual_batch(batch) if corrupted is None else (
             corrupted if isinstance(corrupted, Batch) else corrupted(batch))
         return edge_scores(model, batch, corr, method=method, steps=steps, objective=objective, gates=gates,
-                           resamples=resamples, level=level)
+                           resamples=resamples, level=level, chunk=chunk)
 
     fn.__name__ = name
     return Metric(fn, name=name, inputs=("model", "batch"))
@@ -759,10 +792,12 @@ class CircuitTimeline:
       at which it joined / dropped out), ``in_final``;
     * ``steps``: one row per checkpoint: ``step``, ``circuit`` (its edges, best first),
       ``overlap_prev`` and ``overlap_final`` (Jaccard overlap with the previous checkpoint's and
-      the final circuit), ``entered``, ``left`` (counts);
+      the final circuit), ``chance`` (the expected Jaccard overlap of two random ``k``-edge
+      circuits of the graph's edges: :func:`~circuitfade.stats.chance_overlap`, the baseline
+      beside both overlaps), ``entered``, ``left`` (counts);
     * ``match_step``: the first checkpoint from which every circuit overlaps the final one by at
       least ``overlap`` (``None`` if only the final one does); ``first_match``: the first that
-      does at all.
+      does at all; ``n_edges``: the edges ranked per checkpoint; ``chance``: as in ``steps``.
     """
 
     edges: pd.DataFrame
@@ -771,6 +806,8 @@ class CircuitTimeline:
     first_match: int | None
     k: int
     overlap: float
+    n_edges: int = 0
+    chance: float = math.nan
 
 
 def _jaccard(a: set, b: set) -> float:
@@ -796,6 +833,8 @@ def circuit_timeline(traced: pd.DataFrame, *, k: int = 10, overlap: float = 0.8,
         raise ValueError(f"traced: no rows of metric {metric!r}")
     steps = sorted(int(s) for s in df["step"].unique())
     circuits = {s: top_edges(df[df["step"] == s], k, by=by) for s in steps}
+    n_edges = int(df["edge"].nunique())
+    chance = chance_overlap(n_edges, min(k, n_edges))["jaccard"]
     final = set(circuits[steps[-1]])
     rows, prev = [], None
     history: dict[str, dict] = {}
@@ -812,7 +851,7 @@ def circuit_timeline(traced: pd.DataFrame, *, k: int = 10, overlap: float = 0.8,
             history[e]["n_steps"] += 1
             history[e]["last_step"] = s
         rows.append({"step": s, "circuit": circuits[s], "overlap_prev": math.nan if prev is None else _jaccard(cur, prev),
-                     "overlap_final": _jaccard(cur, final), "entered": len(entered) if prev is not None else 0,
+                     "overlap_final": _jaccard(cur, final), "chance": chance, "entered": len(entered) if prev is not None else 0,
                      "left": len(left)})
         prev = cur
     step_frame = pd.DataFrame(rows)
@@ -822,5 +861,5 @@ def circuit_timeline(traced: pd.DataFrame, *, k: int = 10, overlap: float = 0.8,
     edge_frame = pd.DataFrame([{**h, "in_final": h["edge"] in final} for h in history.values()],
                               columns=["edge", "first_step", "last_step", "n_steps", "entered", "left", "in_final"])
     edge_frame = edge_frame.sort_values(["first_step", "edge"], ignore_index=True)
-    return CircuitTimeline(edge_frame, step_frame, match, first, int(k), float(overlap))
+    return CircuitTimeline(edge_frame, step_frame, match, first, int(k), float(overlap), n_edges, chance)
 

@@ -195,12 +195,18 @@ def edge_heatmap(traced: pd.DataFrame, *, top: int = 30, metric: str = EDGE_ATTR
 
 def faithfulness_figure(curve: pd.DataFrame, *, fraction: float | None = 0.8) -> go.Figure:
     """Recovered fraction against the number of top edges kept (:func:`~circuitfade.analysis.edges.faithfulness_curve`);
-    a dashed line at ``fraction`` and a marker at the smallest circuit that reaches it."""
+    its bootstrap interval over examples as a band (where the curve has ``lo`` / ``hi``), a
+    dashed line at ``fraction`` and a marker at the smallest circuit that reaches it."""
     if not isinstance(curve, pd.DataFrame) or not {"k", "recovered"} <= set(curve.columns):
         raise ValueError("curve: expected a faithfulness_curve frame with columns 'k' and 'recovered'")
     c = curve.sort_values("k")
-    fig = go.Figure(go.Scatter(x=c["k"], y=c["recovered"], mode="lines+markers", name="top-k circuit",
-                               hovertemplate="%{x} edges: %{y:.3f}<extra></extra>"))
+    fig = go.Figure()
+    if {"lo", "hi"} <= set(c.columns):
+        fig.add_trace(go.Scatter(x=list(c["k"]) + list(c["k"])[::-1], y=list(c["hi"]) + list(c["lo"])[::-1],
+                                 fill="toself", fillcolor="rgba(31,119,180,0.2)", line=dict(width=0),
+                                 mode="lines", name="bootstrap interval", hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=c["k"], y=c["recovered"], mode="lines+markers", name="top-k circuit",
+                             line=dict(color="#1f77b4"), hovertemplate="%{x} edges: %{y:.3f}<extra></extra>"))
     fig.add_hline(y=1.0, line=dict(color="#999999", width=1), annotation_text="clean run")
     fig.add_hline(y=0.0, line=dict(color="#999999", width=1), annotation_text="corrupted run",
                   annotation_position="bottom right")
