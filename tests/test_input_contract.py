@@ -270,6 +270,11 @@ CASES: dict[str, list[tuple[str, object, object]]] = {
         ("inverted", lambda: stats.t_quantile(1.5, 3), RAISES), ("empty", lambda: stats.t_quantile(0.975, 0), RAISES),
         ("string", lambda: stats.t_quantile("0.975", 3), RAISES),
         ("numpy", lambda: stats.t_quantile(np.float32(0.5), np.int64(3)), lambda r: r == 0.0)],
+    S + "chance_overlap": [
+        ("nan", lambda: stats.chance_overlap(NAN, 3), RAISES), ("string", lambda: stats.chance_overlap("89", 10), RAISES),
+        ("mismatched", lambda: stats.chance_overlap(5, 6), RAISES), ("negative", lambda: stats.chance_overlap(10, -1), RAISES),
+        ("numpy", lambda: stats.chance_overlap(np.int64(89), np.int64(10)),
+         lambda r: abs(r["shared"] - 100 / 89) < 1e-12 and 0 < r["jaccard"] < 1)],
     S + "t_interval": [
         ("nan", lambda: stats.t_interval([1.0, NAN, 3.0]), lambda r: r[0] == 2.0 and r[1] < 2.0 < r[2]),
         ("inf", lambda: stats.t_interval([0.7, 0.7, INF]), RAISES), ("empty", lambda: stats.t_interval([]), lambda r: _nan(*r)),
