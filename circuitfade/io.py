@@ -58,6 +58,8 @@ __all__ = [
     "write_text",
     "write_csv",
     "read_json",
+    "freeze_payload",
+    "load_frozen",
     "save_tensors",
     "load_tensors",
     "check_state_dict",
@@ -192,6 +194,34 @@ def content_hash(payload: Any) -> str:
     import hashlib
 
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def freeze_payload(path: str | os.PathLike, payload: Any, *, what: str = "frozen constants") -> dict:
+    """Write ``{"payload": payload, "sha256": content_hash(payload)}`` to ``path`` (JSON,
+    atomically) and return it: constants fitted once and frozen before they are used, so a
+    later reader can tell they were not refitted or edited (:func:`load_frozen`).
+
+    Writing the same payload again is a no-op; a file holding a *different* payload is never
+    replaced (``ValueError`` naming ``what``, e.g. ``"frozen constants"``: delete it to refit).
+    """
+    doc = {"payload": payload, "sha256": content_hash(payload)}
+    path = Path(path)
+    if path.is_file() and read_json(path).get("sha256") != doc["sha256"]:
+        raise ValueError(f"{path} holds different {what}; delete it (or choose another --out) to refit")
+    write_json(path, doc)
+    return doc
+
+
+def load_frozen(path: str | os.PathLike, *, what: str = "frozen constants") -> Any:
+    """The payload :func:`freeze_payload` wrote to ``path``, after checking its content hash
+    (``ValueError`` naming ``what`` when the payload was edited; :class:`CheckpointError` when
+    the file is missing or not JSON)."""
+    doc = read_json(Path(path))
+    if not isinstance(doc, dict) or "payload" not in doc:
+        raise ValueError(f"{path}: not a file of {what} (no payload)")
+    if content_hash(doc["payload"]) != doc.get("sha256"):
+        raise ValueError(f"{path}: content hash mismatch (the {what} were edited)")
+    return doc["payload"]
 
 
 CHECKSUM_KEY = "checksum"

@@ -78,6 +78,8 @@ __all__ = [
     "satterthwaite_interval",
     "seed_summary",
     "sign_test",
+    "spearman",
+    "spearman_bootstrap",
     "t_cdf",
     "t_interval",
     "t_quantile",
@@ -449,6 +451,64 @@ def chance_overlap(n: int, k: int, k2: int | None = None) -> dict[str, float]:
         jac += p * (i / union if union else 1.0)
     shared = k * k2 / n if n else 0.0
     return {"shared": shared, "fraction": shared / k if k else math.nan, "jaccard": jac}
+
+
+# ------------------------------------------------------------------------- rank correlation
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``x`` with ties given their average rank (exact halves)."""
+    order = np.argsort(x, kind="mergesort")
+    _, first, counts = np.unique(x[order], return_index=True, return_counts=True)
+    ranks = np.empty(x.size, dtype=np.float64)
+    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)
+    return ranks
+
+
+def _paired(x, y, fn: str) -> tuple[np.ndarray, np.ndarray]:
+    x = check_values(x, f"{fn}: x", inf=True)
+    y = check_values(y, f"{fn}: y", inf=True)
+    if x.shape != y.shape:
+        raise ValueError(f"{fn}: expected two 1-d sequences of the same length, got {x.size} and {y.size} values")
+    return x, y
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation of paired values (average ranks for ties).
+
+    NaN when a value on either side is NaN (a missing value: drop the pair first, as
+    :func:`spearman_bootstrap` does, to correlate the rest), for fewer than three pairs and
+    when either side is constant. ``ValueError`` for sequences of different lengths, strings
+    or nested input.
+    """
+    x, y = _paired(x, y, "spearman")
+    if x.size < 3 or np.isnan(x).any() or np.isnan(y).any():
+        return math.nan
+    rx, ry = _average_ranks(x), _average_ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def spearman_bootstrap(x, y, *, n_boot: int = 2000, seed: int = 0, level: float = DEFAULT_LEVEL) -> dict:
+    """``{"rho", "lo", "hi", "n", "n_boot_valid"}``: :func:`spearman` of the pairs with no NaN side
+    (``n`` of them) and its percentile bootstrap interval (pairs resampled with replacement,
+    ``numpy.random.default_rng(seed)``; resamples with a constant side are dropped and
+    ``n_boot_valid`` counts the rest). ``lo = hi = NaN`` with no valid resample (fewer than three pairs)."""
+    x, y = _paired(x, y, "spearman_bootstrap")
+    level = check_level(level)
+    n_boot = check_count(n_boot, "spearman_bootstrap: n_boot")
+    ok = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[ok], y[ok]
+    rho = spearman(x, y)
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot if len(x) >= 3 else 0):
+        i = rng.integers(0, len(x), len(x))
+        r = spearman(x[i], y[i])
+        if not math.isnan(r):
+            boots.append(r)
+    a = (1 - level) / 2
+    lo, hi = (float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))) if boots else (math.nan, math.nan)
+    return {"rho": rho, "lo": lo, "hi": hi, "n": int(len(x)), "n_boot_valid": len(boots)}
 
 
 # ------------------------------------------------------------------------- Student t

@@ -151,3 +151,58 @@ def test_t_distribution_keeps_its_digits_at_large_df():
             assert stats.t_quantile(q, df) == pytest.approx(st.t.ppf(q, df), rel=1e-10), (df, q)
         for t in (0.3, 1.96, 5.0, 20.0):
             assert stats.t_cdf(-t, df) == pytest.approx(st.t.cdf(-t, df), rel=1e-9), (df, t)
+
+
+# ------------------------------------------------------------------------- rank correlation
+def test_spearman_planted_values_ties_and_nan():
+    st = pytest.importorskip("scipy.stats")
+    assert stats.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)  # 1 - 6*4/(5*24)
+    assert stats.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert stats.spearman([1, 2, 2, 3], [1, 2, 2, 3]) == pytest.approx(1.0)  # ties: average ranks
+    assert stats.spearman([3.0, np.inf, 1.0], [2, 3, 1]) == pytest.approx(1.0)  # inf ranks last
+    x, y = np.arange(12.0), np.sin(np.arange(12.0))
+    assert stats.spearman(x, y) == pytest.approx(st.spearmanr(x, y)[0], abs=1e-12)
+    assert math.isnan(stats.spearman([1, 1, 1], [1, 2, 3]))  # a constant side
+    assert math.isnan(stats.spearman([1, 2], [1, 2]))  # fewer than three pairs
+    # a missing value gives NaN, never a correlation of the other pairs
+    assert math.isnan(stats.spearman([1, 2, 3, math.nan, 5], [1, 2, 3, 4, 5]))
+    assert math.isnan(stats.spearman([1, 2, 3, 4], [1, math.nan, 3, 4]))
+    with pytest.raises(ValueError, match="same length"):
+        stats.spearman([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="numbers"):
+        stats.spearman("abc", [1, 2, 3])
+
+
+def test_spearman_bootstrap_drops_nan_pairs_and_is_seeded():
+    x = np.arange(20.0)
+    y = x + np.sin(x) * 3
+    b = stats.spearman_bootstrap(x, y, n_boot=300)
+    assert b["lo"] <= b["rho"] <= b["hi"] and b["n"] == 20 and b["n_boot_valid"] == 300
+    assert b == stats.spearman_bootstrap(x, y, n_boot=300)  # same seed, same interval
+    xn, yn = np.append(x, math.nan), np.append(y, 7.0)
+    assert stats.spearman_bootstrap(xn, yn, n_boot=300) == b  # the NaN pair is left out
+    short = stats.spearman_bootstrap([1, 2], [2, 1])
+    assert math.isnan(short["rho"]) and math.isnan(short["lo"]) and short["n_boot_valid"] == 0
+    with pytest.raises(ValueError, match="level"):
+        stats.spearman_bootstrap(x, y, level=1.5)
+
+
+def test_frozen_payload_round_trip_refuses_a_different_payload_and_an_edit(tmp_path):
+    import json
+
+    from circuitfade.io import freeze_payload, load_frozen
+
+    path = tmp_path / "constants.json"
+    doc = freeze_payload(path, {"beta": 0.5, "c": [1, 2]}, what="frozen constants")
+    assert len(doc["sha256"]) == 64 and load_frozen(path) == {"beta": 0.5, "c": [1, 2]}
+    freeze_payload(path, {"c": [1, 2], "beta": 0.5})  # the same payload again: fine
+    with pytest.raises(ValueError, match="holds different frozen constants"):
+        freeze_payload(path, {"beta": 0.6, "c": [1, 2]})
+    d = json.loads(path.read_text())
+    d["payload"]["beta"] = 0.7  # edited by hand
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="content hash mismatch"):
+        load_frozen(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="no payload"):
+        load_frozen(path)

@@ -46,7 +46,7 @@ from circuitfade.analysis.parts import part_ablation, pool_cells, trace_part_abl
 from circuitfade.analysis.screens import capability_selectivity
 from circuitfade.claims import Claim, Outcome, Verdict, verdict_table
 from circuitfade.gating.evaluation import evaluate_batch
-from circuitfade.io import content_hash, read_json, write_json
+from circuitfade.io import freeze_payload, load_frozen, read_json
 from circuitfade.stats import bootstrap_median, bootstrap_median_ratio, nelder_mead
 from circuitfade.store import attach
 from circuitfade.tasks import eval_set, make_task
@@ -209,22 +209,12 @@ def freeze_constants(path: str | Path, constants: Mapping, *, fit_cells: pd.Data
     """Write ``{"payload": {...}, "sha256": ...}``; refuses to overwrite different frozen constants."""
     payload = {"formula": "wait = 1 / (c * sites * attempts * drive * exp(-beta * m) - delta)",
                "constants": dict(constants), "fit_cells": fit_cells.to_dict("records"), "note": note}
-    doc = {"payload": payload, "sha256": content_hash(payload)}
-    path = Path(path)
-    if path.is_file():
-        old = read_json(path)
-        if old.get("sha256") != doc["sha256"]:
-            raise ValueError(f"{path} holds different frozen constants; delete it (or choose another --out) to refit")
-    write_json(path, doc)
-    return doc
+    return freeze_payload(path, payload, what="frozen constants")
 
 
 def load_constants(path: str | Path) -> dict:
-    """Read frozen constants, checking the content hash."""
-    doc = read_json(Path(path))
-    if content_hash(doc["payload"]) != doc.get("sha256"):
-        raise ValueError(f"{path}: content hash mismatch (the frozen constants were edited)")
-    return doc["payload"]["constants"]
+    """Read frozen constants, checking the content hash (:func:`circuitfade.io.load_frozen`)."""
+    return load_frozen(path, what="frozen constants")["constants"]
 
 
 def wait_table(reinit: pd.DataFrame) -> pd.DataFrame:

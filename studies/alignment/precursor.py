@@ -70,7 +70,7 @@ from circuitfade.analysis.precursor import (
     source_attention,
 )
 from circuitfade.claims import Claim, Outcome, Verdict
-from circuitfade.io import content_hash, read_json, write_json
+from circuitfade.io import freeze_payload, load_frozen, read_json
 from circuitfade.train import new_run, train
 from circuitfade.viz.plots import save_figure
 from circuitfade.viz.report import markdown_table
@@ -186,20 +186,13 @@ def freeze_predictor(path: Path, constants: Mapping, *, fit_runs: pd.DataFrame) 
                           "reaches level", "precursor": PRECURSOR,
                "constants": {k: v for k, v in constants.items() if k != "scan"}, "scan": constants.get("scan", []),
                "fit_runs": fit_runs.to_dict("records")}
-    doc = {"payload": payload, "sha256": content_hash(payload)}
-    if path.is_file() and read_json(path).get("sha256") != doc["sha256"]:
-        raise ValueError(f"{path} holds a different frozen predictor; delete it (or choose another --out) to refit")
-    write_json(path, doc)
-    return doc
+    return freeze_payload(path, payload, what="frozen predictor constants")
 
 
 def load_predictor(path: Path) -> dict:
-    """Read the frozen constants back, checking the content hash."""
+    """Read the frozen constants back, checking the content hash (:func:`circuitfade.io.load_frozen`)."""
 
-    doc = read_json(path)
-    if content_hash(doc["payload"]) != doc.get("sha256"):
-        raise ValueError(f"{path}: content hash mismatch (the frozen predictor was edited)")
-    return doc["payload"]["constants"]
+    return load_frozen(path, what="frozen predictor constants")["constants"]
 
 
 # ------------------------------------------------------------------ verdict and figure

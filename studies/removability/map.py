@@ -70,8 +70,7 @@ from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
 from circuitfade.train.sweep import EXECUTOR_HELP, EXECUTORS, run_sweep
 from circuitfade.viz.report import markdown_table
-from circuitfade.stats import paired_t_interval
-from circuitfade.stats import t_interval as _t
+from circuitfade.stats import binomial_se, paired_t_interval, spearman, spearman_bootstrap, t_interval
 from circuitfade.claims import Claim, Outcome, Verdict, any_of, at_least, grade, verdict_table
 from circuitfade.train.rundir import CONFIG_FILE, DONE_FILE, METRICS_FILE, RunDir
 from studies.removability.declaration import DECLARATION, DECLARATIONS, PROVENANCE
@@ -155,21 +154,12 @@ def cell_of(cfg: RunConfig) -> Cell | None:
 
 
 # --------------------------------------------------------------------------- statistics
-def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-
-    return _t(values, level)
-
-
 def time_to_threshold(metrics: pd.DataFrame, column: str = "acc_zero", threshold: float = THRESHOLD) -> float:
     """First ``step`` with ``metrics[column] >= threshold`` (NaN if never)."""
     if column not in metrics:
         raise ValueError(f"metrics: no column {column!r} (have {list(metrics.columns)})")
     hit = metrics.loc[metrics[column] >= threshold, "step"]
     return float(hit.min()) if len(hit) else math.nan
-
-
-def binomial_se(p: float, n: int) -> float:
-    return math.sqrt(p * (1 - p) / n) if n > 0 and not math.isnan(p) else math.nan
 
 
 def classify(margins: Sequence[float], fade_earlier: Sequence[bool], *, margin: float = DECIDES_MARGIN) -> str:
@@ -238,43 +228,6 @@ def _earlier(t_fade: float, t_base: float) -> bool:
     a = math.inf if math.isnan(t_fade) else t_fade
     b = math.inf if math.isnan(t_base) else t_base
     return a < b
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    return pd.Series(x).rank(method="average").to_numpy()
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman rank correlation (average ranks for ties; NaN if either side is constant)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError("spearman: expected two 1-d sequences of the same length")
-    if len(x) < 3:
-        return math.nan
-    rx, ry = _ranks(x), _ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return math.nan
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
-def spearman_bootstrap(x, y, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
-    """``{"rho", "lo", "hi", "n", "n_boot_valid"}``: Spearman's rho with a percentile
-    bootstrap interval (pairs resampled with replacement; resamples with a constant
-    side are dropped and counted out of ``n_boot``)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    ok = ~(np.isnan(x) | np.isnan(y))
-    x, y = x[ok], y[ok]
-    rho = spearman(x, y)
-    rng = np.random.default_rng(seed)
-    boots = []
-    for _ in range(n_boot if len(x) >= 3 else 0):
-        i = rng.integers(0, len(x), len(x))
-        r = spearman(x[i], y[i])
-        if not math.isnan(r):
-            boots.append(r)
-    a = (1 - level) / 2
-    lo, hi = (float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))) if boots else (math.nan, math.nan)
-    return {"rho": rho, "lo": lo, "hi": hi, "n": int(len(x)), "n_boot_valid": len(boots)}
 
 
 # --------------------------------------------------------------------------- run files
