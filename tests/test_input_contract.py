@@ -275,6 +275,18 @@ CASES: dict[str, list[tuple[str, object, object]]] = {
         ("mismatched", lambda: stats.chance_overlap(5, 6), RAISES), ("negative", lambda: stats.chance_overlap(10, -1), RAISES),
         ("numpy", lambda: stats.chance_overlap(np.int64(89), np.int64(10)),
          lambda r: abs(r["shared"] - 100 / 89) < 1e-12 and 0 < r["jaccard"] < 1)],
+    S + "spearman": [
+        ("nan", lambda: stats.spearman([1, 2, NAN, 4], [1, 2, 3, 4]), lambda r: math.isnan(r)),
+        ("string", lambda: stats.spearman(["1", "2", "3"], [1, 2, 3]), RAISES),
+        ("mismatched", lambda: stats.spearman([1, 2, 3], [1, 2]), RAISES),
+        ("numpy", lambda: stats.spearman(np.arange(5.0), np.arange(5.0) ** 2), lambda r: abs(r - 1.0) < 1e-12)],
+    S + "spearman_bootstrap": [
+        ("nan", lambda: stats.spearman_bootstrap([1, 2, NAN, 4, 5], [1, 2, 3, 4, 5], n_boot=50),
+         lambda r: r["n"] == 4 and abs(r["rho"] - 1.0) < 1e-12),
+        ("string", lambda: stats.spearman_bootstrap("abc", [1, 2, 3], n_boot=50), RAISES),
+        ("mismatched", lambda: stats.spearman_bootstrap([1, 2, 3], [1, 2], n_boot=50), RAISES),
+        ("numpy", lambda: stats.spearman_bootstrap(np.arange(6.0), -np.arange(6.0), n_boot=50),
+         lambda r: abs(r["rho"] + 1.0) < 1e-12)],
     S + "t_interval": [
         ("nan", lambda: stats.t_interval([1.0, NAN, 3.0]), lambda r: r[0] == 2.0 and r[1] < 2.0 < r[2]),
         ("inf", lambda: stats.t_interval([0.7, 0.7, INF]), RAISES), ("empty", lambda: stats.t_interval([]), lambda r: _nan(*r)),
