@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	# the TransformerLens 3.9 line here (the HookedTransformer subclass); make test-tl4 runs the 4.3 line
 	$(PY) -m pip install -q -e '.[dev]' 'transformer-lens>=3.9,<4'
+	# auto-circuit, the peer tests/test_edges_auto_circuit.py checks the edge scores against: without its declared
+	# dependencies (tracr, word2word, a tqdm fork are not used by its edge attribution), with the three it imports
+	$(PY) -m pip install -q --no-deps 'auto-circuit==1.0.1'
+	$(PY) -m pip install -q 'attrs>=23' 'ordered-set>=4.1' 'blobfile>=2.0.2'
 	touch $(STAMP)
 
 $(STAMP_TL4): pyproject.toml requirements-tl4.txt
