@@ -32,7 +32,8 @@ auto-circuit 1.0.1 imports ``transformer_lens.past_key_value_caching.HookedTrans
 ``TransformerLensKeyValueCache`` (no module of the old name). :func:`_import_auto_circuit`
 injects a stand-in module with the old name for the import only and removes it afterwards;
 auto-circuit uses the class only for type hints and its prompt-prefix KV caching, which these
-tests do not use. On TransformerLens 4.x auto-circuit cannot run: ``HookedTransformer`` was
+tests do not use. Its import also restyles plotly's default template; the same function puts
+that back, so the figures of other tests in the process are unchanged. On TransformerLens 4.x auto-circuit cannot run: ``HookedTransformer`` was
 removed in 4.0 (auto-circuit builds its graph only for ``isinstance(model, HookedTransformer)``),
 and the plain bridge refuses ``use_attn_result``, which auto-circuit's graph needs. The tests
 skip there, and wherever auto-circuit is not installed.
@@ -64,8 +65,13 @@ def _import_auto_circuit():
                 "(and per-head results, which the plain bridge refuses)")
     if importlib.util.find_spec("auto_circuit") is None:
         return "auto-circuit is not installed (pip install --no-deps auto-circuit==1.0.1 attrs ordered-set blobfile)"
+    import copy
+
+    import plotly.io as pio
     import transformer_lens as tl
 
+    # auto-circuit's import restyles plotly's default template (colours, font size 19): put it back after
+    template, default = copy.deepcopy(pio.templates["plotly"]), pio.templates.default
     # the test-only stand-in: TransformerLens 3.9 renamed HookedTransformerKeyValueCache
     added_attr = not hasattr(tl, "HookedTransformerKeyValueCache")
     old = "transformer_lens.past_key_value_caching"
@@ -84,6 +90,7 @@ def _import_auto_circuit():
     except ImportError as e:
         return f"auto-circuit does not import here: {e}"
     finally:
+        pio.templates["plotly"], pio.templates.default = template, default
         if added_attr:
             del tl.HookedTransformerKeyValueCache
         if added_module:
