@@ -88,6 +88,25 @@ def test_planted_overlaps_and_shares_are_measured_exactly():
     assert row.loc[ON, "circuit"].split() == EDGES[:10]
 
 
+def test_chance_is_context_beside_the_overlaps_and_leaves_the_verdicts_alone():
+    from circuitfade.stats import chance_overlap
+
+    scores = planted(KEEP, OTHER, {0: 3.0, 1: 3.0, 2: 3.0})
+    j = chance_overlap(20, 10)["jaccard"]       # two random 10-edge circuits of the 20 planted edges
+    assert study.chance_jaccard(scores) == pytest.approx(j) and 0.3 < j < 0.4
+    assert study.timeline(scores)["chance"].tolist() == pytest.approx([j] * len(study.timeline(scores)))
+    base = study.chance_baselines(scores)
+    assert base == pytest.approx({"overlap_fade_final_on": j, "overlap_fade_final_zero": j, "overlap_gap": 0.0,
+                                  "prior_share_unforced": 0.1, "prior_share_fade_final": 0.1})
+    ps = study.per_seed(scores)
+    with_chance = study.summary_table(ps, base)
+    assert with_chance["chance"].tolist() == pytest.approx(list(base.values()))
+    assert study.verdict_rows(study.verdicts(with_chance, ps)).equals(
+        study.verdict_rows(study.verdicts(study.summary_table(ps), ps)))
+    md = study.to_markdown(scores)
+    assert "| mean [95% t] | chance |" in md and "added after the runs" in md and f"{j:.3f}" in md
+
+
 def test_rules_say_yes_on_a_kept_circuit_and_a_strong_prior():
     _, v = outcomes(planted(KEEP, OTHER, {0: 10.0, 1: 10.5, 2: 11.0}))  # shares 0.27-0.28
     assert v["fade_keeps_circuit"].outcome is Outcome.PARTLY  # mean 0.735 ≥ 0.5, interval reaches below 0.5

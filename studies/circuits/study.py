@@ -31,15 +31,16 @@ from circuitfade.cli import check_count
 from circuitfade.analysis.edges import EDGE_ATTRIBUTION, edge_attribution, top_edges
 from circuitfade.claims import Outcome, Verdict, grade, verdict_table
 from circuitfade.io import check_outputs, read_json, write_csv, write_json, write_text
-from circuitfade.stats import seed_summary
+from circuitfade.stats import chance_overlap, seed_summary
 from circuitfade.train import RunConfig
 from circuitfade.viz.report import markdown_table
 from circuitfade.train.rundir import RunDir
 from studies.circuits.declaration import DECLARATION, PROVENANCE, RULES, rule_inputs
 from studies.circuits.declaration import claims as declared_claims
 
-__all__ = ["SCORE_COLUMNS", "run_configs", "train_runs", "trace_runs", "jaccard", "timeline", "per_seed",
-           "summary_table", "verdicts", "verdict_rows", "to_markdown", "figure", "write_tables", "rebuild", "main"]
+__all__ = ["SCORE_COLUMNS", "run_configs", "train_runs", "trace_runs", "jaccard", "chance_jaccard", "timeline",
+           "per_seed", "chance_baselines", "summary_table", "verdicts", "verdict_rows", "to_markdown", "figure",
+           "write_tables", "rebuild", "main"]
 
 SCORE_COLUMNS = ("path", "seed", "step", "edge", "kind", "value")
 """``scores.csv``: one EAP-IG score per run, checkpoint and edge (edges in graph order)."""
@@ -112,6 +113,16 @@ def jaccard(a, b) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
+def chance_jaccard(scores: pd.DataFrame, decl=DECLARATION) -> float:
+    """The expected Jaccard overlap of two uniformly random top-k circuits of the traced graph's
+    edges (:func:`circuitfade.stats.chance_overlap`; NaN without scores): context for every
+    overlap, added after the runs and not part of any declared rule."""
+    n = int(scores["edge"].nunique()) if len(scores) else 0
+    if n == 0:
+        return math.nan
+    return chance_overlap(n, min(int(decl.data["circuit"]["k"]), n))["jaccard"]
+
+
 def _check_scores(scores: pd.DataFrame) -> None:
     missing = [c for c in SCORE_COLUMNS if c not in scores.columns]
     if missing:
@@ -131,12 +142,14 @@ def _prior_share(g: pd.DataFrame) -> float:
 def timeline(scores: pd.DataFrame, decl=DECLARATION) -> pd.DataFrame:
     """One row per run and checkpoint: ``path, seed, step``, ``overlap_final`` (with the run's
     final circuit), ``overlap_on`` (with the run's circuit at the declared gate-on step; NaN
-    when that step was not traced), ``prior_share``, ``circuit`` (the top-k edges, best first,
-    joined by spaces)."""
+    when that step was not traced), ``chance`` (:func:`chance_jaccard`: what two random
+    circuits overlap by, the context for both), ``prior_share``, ``circuit`` (the top-k edges,
+    best first, joined by spaces)."""
     _check_scores(scores)
     c = decl.data["circuit"]
     circuits = _circuits(scores, c["k"], c["by"])
     on, final = decl.data["gate_on_step"], decl.data["final_step"]
+    chance = chance_jaccard(scores, decl)
     rows = []
     for (path, seed, step), g in scores.groupby(["path", "seed", "step"], sort=True):
         last = max(s for (p, sd, s) in circuits if p == path and sd == seed)
@@ -145,8 +158,9 @@ def timeline(scores: pd.DataFrame, decl=DECLARATION) -> pd.DataFrame:
                      "overlap_final": jaccard(circuits[(path, seed, step)], circuits[(path, seed, last)])
                      if last == final else math.nan,
                      "overlap_on": jaccard(circuits[(path, seed, step)], ref_on) if ref_on is not None else math.nan,
-                     "prior_share": _prior_share(g), "circuit": " ".join(circuits[(path, seed, step)])})
-    return pd.DataFrame(rows, columns=["path", "seed", "step", "overlap_final", "overlap_on", "prior_share", "circuit"])
+                     "chance": chance, "prior_share": _prior_share(g), "circuit": " ".join(circuits[(path, seed, step)])})
+    return pd.DataFrame(rows, columns=["path", "seed", "step", "overlap_final", "overlap_on", "chance", "prior_share",
+                                       "circuit"])
 
 
 def per_seed(scores: pd.DataFrame, decl=DECLARATION) -> pd.DataFrame:
@@ -178,12 +192,27 @@ def per_seed(scores: pd.DataFrame, decl=DECLARATION) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["seed", *QUANTITIES, "share_of_edges"])
 
 
-def summary_table(per_seed_frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per quantity: ``quantity, label, mean, lo, hi, n`` (95% Student t over seeds)."""
+def chance_baselines(scores: pd.DataFrame, decl=DECLARATION) -> dict[str, float]:
+    """Per quantity of :data:`QUANTITIES`, its value for random circuits and uniform attribution:
+    the two overlaps :func:`chance_jaccard`, their difference 0, the two shares the content-prior
+    edges' share of the edges. Context beside the measured values, added after the runs: no
+    declared rule reads it (the share rule's 8/89 threshold is its own, declared before)."""
+    j = chance_jaccard(scores, decl)
+    share = float((scores.drop_duplicates("edge")["kind"] == "prior").mean()) if len(scores) else math.nan
+    return {"overlap_fade_final_on": j, "overlap_fade_final_zero": j, "overlap_gap": 0.0 if j == j else math.nan,
+            "prior_share_unforced": share, "prior_share_fade_final": share}
+
+
+def summary_table(per_seed_frame: pd.DataFrame, chance: dict[str, float] | None = None) -> pd.DataFrame:
+    """One row per quantity: ``quantity, label, mean, lo, hi, n`` (95% Student t over seeds), and
+    ``chance`` (:func:`chance_baselines`) when given."""
     rows = []
     for q, label in QUANTITIES.items():
         s = seed_summary(per_seed_frame[q].to_numpy(dtype=float))
-        rows.append({"quantity": q, "label": label, "mean": s["mean"], "lo": s["lo"], "hi": s["hi"], "n": s["n"]})
+        row = {"quantity": q, "label": label, "mean": s["mean"], "lo": s["lo"], "hi": s["hi"], "n": s["n"]}
+        if chance is not None:
+            row["chance"] = chance[q]
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -242,19 +271,25 @@ def _finding(vs: Sequence[Verdict]) -> str:
 def to_markdown(scores: pd.DataFrame, decl=DECLARATION, *, note: str = "") -> str:
     """``results.md``: the finding, the verdict table, the per-seed table, the figure, provenance."""
     ps = per_seed(scores, decl)
-    summary = summary_table(ps)
+    summary = summary_table(ps, chance_baselines(scores, decl))
     vs = verdicts(summary, ps, decl)
     c = decl.data["circuit"]
     m = decl.data["metric"]
+    n_edges = scores["edge"].nunique()
     lines = ["**Circuits across the fade: EAP-IG edge circuits of three gate paths**", "", _finding(vs), "",
              markdown_table(verdict_rows(vs)), "",
-             "| quantity | " + " | ".join(f"seed {s}" for s in ps["seed"]) + " | mean [95% t] |",
-             "|---" * (len(ps) + 2) + "|"]
+             "| quantity | " + " | ".join(f"seed {s}" for s in ps["seed"]) + " | mean [95% t] | chance |",
+             "|---" * (len(ps) + 3) + "|"]
     for _, r in summary.iterrows():
-        lines.append(f"| {r['label']} | " + " | ".join(_fmt(x) for x in ps[r["quantity"]]) + f" | {_ci(r)} |")
-    lines += ["", "Figure `fig_circuits.png`: the overlap with the run's final circuit and the content-prior "
+        lines.append(f"| {r['label']} | " + " | ".join(_fmt(x) for x in ps[r["quantity"]]) + f" | {_ci(r)} | "
+                     f"{_fmt(r['chance'])} |")
+    lines += ["", f"Chance (context, added after the runs; no declared rule reads it): two random top-{c['k']} "
+              f"circuits of the {n_edges} edges overlap by a Jaccard of {_fmt(chance_jaccard(scores, decl))} on "
+              "average (`circuitfade.stats.chance_overlap`), so their difference is 0 by chance; with the "
+              "attribution spread evenly the content-prior edges would carry their share of the edges.",
+              "", "Figure `fig_circuits.png`: the overlap with the run's final circuit and the content-prior "
               "edges' share of the attribution at every checkpoint (thin: seeds; thick: mean; dashed: the fade "
-              "starts at 600 and reaches gate 0 at 1050).", "",
+              "starts at 600 and reaches gate 0 at 1050; dotted, left: the chance overlap).", "",
               "```text",
               f"declaration   {decl.stamp()}, committed before the runs (studies/circuits/declaration.py)",
               f"runs          {', '.join(decl.data['arms'])} x seeds {decl.data['seeds']}, "
@@ -273,11 +308,12 @@ def to_markdown(scores: pd.DataFrame, decl=DECLARATION, *, note: str = "") -> st
 
 def figure(tl: pd.DataFrame, decl=DECLARATION):
     """Two panels over training steps, per arm: the top-k circuit's overlap with the run's final
-    circuit, and the content-prior edges' share of the attribution (seeds thin, mean thick)."""
+    circuit (dotted: the chance overlap of two random circuits, when ``tl`` has its ``chance``
+    column), and the content-prior edges' share of the attribution (seeds thin, mean thick)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["overlap with the final top-%d circuit" % decl.data["circuit"]["k"],
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.13, subplot_titles=["overlap with the final top-%d circuit" % decl.data["circuit"]["k"],
                                                         "content-prior edges' share of Σ|score|"])
     colors = dict(zip(decl.data["arms"], ("#d62728", "#1f77b4", "#2ca02c")))
     for col, q in ((1, "overlap_final"), (2, "prior_share")):
@@ -292,9 +328,13 @@ def figure(tl: pd.DataFrame, decl=DECLARATION):
         for x in (600, 1050):
             fig.add_vline(x=x, line_dash="dash", line_color="grey", row=1, col=col)
         fig.update_xaxes(title_text="training step", row=1, col=col)
-    fig.update_yaxes(range=[0, 1.02], row=1, col=1)
-    fig.update_yaxes(tickformat=".2%", row=1, col=2)
-    fig.update_layout(height=380, width=1000, title="Edge circuits (EAP-IG) over training, three gate paths")
+    if "chance" in tl.columns and tl["chance"].notna().any():
+        chance = float(tl["chance"].dropna().iloc[0])
+        fig.add_hline(y=chance, line_dash="dot", line_color="black", row=1, col=1,
+                      annotation_text=f"chance {chance:.2f}", annotation_position="top right")
+    fig.update_yaxes(range=[0, 1.02], title_text="Jaccard overlap with final circuit", row=1, col=1)
+    fig.update_yaxes(tickformat=".2%", title_text="prior edges' share of Σ|score|", row=1, col=2)
+    fig.update_layout(height=400, width=1050, title="Edge circuits (EAP-IG) over training, three gate paths")
     return fig
 
 
@@ -307,7 +347,7 @@ def write_tables(out: str | Path, decl=DECLARATION, *, note: str = "") -> str:
     out = Path(out)
     scores = pd.read_csv(out / "scores.csv")
     ps = per_seed(scores, decl)
-    summary = summary_table(ps)
+    summary = summary_table(ps, chance_baselines(scores, decl))
     md = to_markdown(scores, decl, note=note)
     write_csv(out / "timeline.csv", timeline(scores, decl))
     write_csv(out / "per_seed.csv", ps)
@@ -317,11 +357,12 @@ def write_tables(out: str | Path, decl=DECLARATION, *, note: str = "") -> str:
     return md
 
 
-def rebuild(out: str | Path = "results/circuits", *, force: bool = False) -> str:
+def rebuild(out: str | Path = "results/circuits", *, force: bool = False, figure_too: bool = False) -> str:
     """Rebuild every table and ``results.md`` in ``out`` from its ``scores.csv`` and ``config.json``
-    without training or tracing (the same bytes as the run wrote). Existing outputs are replaced
-    only with ``force``; ``ValueError`` naming the file if an input is missing or was written
-    under another declaration."""
+    without training or tracing (the same bytes as the run wrote); ``figure_too``: redraw
+    ``fig_circuits.png`` from the rebuilt ``timeline.csv`` as well (needs kaleido). Existing
+    outputs are replaced only with ``force``; ``ValueError`` naming the file if an input is
+    missing or was written under another declaration."""
     out = Path(out)
     for name in ("scores.csv", "config.json"):
         if not (out / name).is_file():
@@ -330,8 +371,13 @@ def rebuild(out: str | Path = "results/circuits", *, force: bool = False) -> str
     if cfg.get("declaration") != DECLARATION.stamp():
         raise ValueError(f"{out / 'config.json'}: written under {cfg.get('declaration')!r}, "
                          f"not the current {DECLARATION.stamp()!r}")
-    check_outputs([out / n for n in TABLES], force=force)
-    return write_tables(out, DECLARATION, note=cfg.get("note", ""))
+    check_outputs([out / n for n in TABLES] + ([out / "fig_circuits.png"] if figure_too else []), force=force)
+    md = write_tables(out, DECLARATION, note=cfg.get("note", ""))
+    if figure_too:
+        from circuitfade.viz.plots import save_figure
+
+        save_figure(figure(pd.read_csv(out / "timeline.csv")), out / "fig_circuits")
+    return md
 
 
 def run(out: str | Path = "results/circuits", *, train: bool = True, workers: int = 1, progress: bool = True,
@@ -367,11 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--tables-only", action="store_true",
                     help="rebuild the tables and results.md from OUT's scores.csv and config.json")
+    ap.add_argument("--figure", action="store_true",
+                    help="with --tables-only: redraw fig_circuits.png from the rebuilt timeline.csv too")
     ap.add_argument("--force", action="store_true", help="replace OUT's existing result files")
     args = ap.parse_args(argv)
     check_count("--workers", args.workers)
     if args.tables_only:
-        print(rebuild(args.out, force=args.force))
+        print(rebuild(args.out, force=args.force, figure_too=args.figure))
         return 0
     if args.train_only:
         print(train_runs(Path(args.out) / "runs", workers=args.workers, progress=not args.no_progress)
