@@ -196,7 +196,8 @@ def edge_heatmap(traced: pd.DataFrame, *, top: int = 30, metric: str = EDGE_ATTR
 def faithfulness_figure(curve: pd.DataFrame, *, fraction: float | None = 0.8) -> go.Figure:
     """Recovered fraction against the number of top edges kept (:func:`~circuitfade.analysis.edges.faithfulness_curve`);
     its bootstrap interval over examples as a band (where the curve has ``lo`` / ``hi``), a
-    dashed line at ``fraction`` and a marker at the smallest circuit that reaches it."""
+    dashed line at ``fraction`` and a marker at the smallest circuit that reaches it. The legend
+    sits below the axis, clear of the curve, its band and the lines' labels."""
     if not isinstance(curve, pd.DataFrame) or not {"k", "recovered"} <= set(curve.columns):
         raise ValueError("curve: expected a faithfulness_curve frame with columns 'k' and 'recovered'")
     c = curve.sort_values("k")
@@ -204,7 +205,7 @@ def faithfulness_figure(curve: pd.DataFrame, *, fraction: float | None = 0.8) ->
     if {"lo", "hi"} <= set(c.columns):
         fig.add_trace(go.Scatter(x=list(c["k"]) + list(c["k"])[::-1], y=list(c["hi"]) + list(c["lo"])[::-1],
                                  fill="toself", fillcolor="rgba(31,119,180,0.2)", line=dict(width=0),
-                                 mode="lines", name="bootstrap interval", hoverinfo="skip"))
+                                 mode="lines", name="bootstrap interval over examples", hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=c["k"], y=c["recovered"], mode="lines+markers", name="top-k circuit",
                              line=dict(color="#1f77b4"), hovertemplate="%{x} edges: %{y:.3f}<extra></extra>"))
     fig.add_hline(y=1.0, line=dict(color="#999999", width=1), annotation_text="clean run")
@@ -212,7 +213,8 @@ def faithfulness_figure(curve: pd.DataFrame, *, fraction: float | None = 0.8) ->
                   annotation_position="bottom right")
     if fraction is not None:
         best = smallest_circuit(c, fraction)
-        fig.add_hline(y=fraction, line=dict(dash="dash", color="#555555", width=1))
+        fig.add_hline(y=fraction, line=dict(dash="dash", color="#555555", width=1),
+                      annotation_text=f"{fraction:g} of the objective", annotation_position="bottom right")
         if best["k"] is not None:
             fig.add_trace(go.Scatter(x=[best["k"]], y=[best["recovered"]], mode="markers",
                                      marker=dict(size=13, symbol="star", color="#d62728"),
@@ -220,5 +222,5 @@ def faithfulness_figure(curve: pd.DataFrame, *, fraction: float | None = 0.8) ->
     fig.update_layout(meta={"kind": "faithfulness"}, title=dict(text="faithfulness of the top-k edge circuit"),
                       xaxis=dict(title=dict(text="edges kept (top k by score)")),
                       yaxis=dict(title=dict(text="objective recovered (0 = corrupted, 1 = clean)")),
-                      height=440, legend=dict(x=0.98, xanchor="right", y=0.05, yanchor="bottom"))
+                      height=480, legend=dict(orientation="h", x=0.0, xanchor="left", y=-0.18, yanchor="top"))
     return fig
