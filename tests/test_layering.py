@@ -11,7 +11,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "circuitfade"
 
 # lowest first; a module's layer is that of its first dotted component below circuitfade
-LAYERS = ["io", "stats", "claims", "compat", "model", "tasks", "gating", "train", "store", "analysis", "viz",
+LAYERS = ["io", "stats", "claims", "compat", "model", "tasks", "gating", "train", "store", "analysis", "viz", "commands",
           "cli", "__main__"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 # same-rank groups (layers that may not import each other at all)
