@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from circuitfade.viz import plots
+from circuitfade.viz import export, plots
 from circuitfade.analysis import (
     ABLATION_IMPORTANCE,
     DEFAULT_THRESHOLDS,
@@ -53,7 +53,7 @@ from circuitfade.analysis import (
     gate_intervention_table,
     head_diagnostics,
 )
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.tables import markdown_table
 from circuitfade.store import attach, trace
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, eval_set
@@ -103,11 +103,11 @@ def copy_run(run_dir: Path, dest: Path) -> Path:
 
 
 def write_figures(figures: dict, out: Path, *, embed: bool) -> list[str]:
-    """Each figure as ``<name>.html`` and, when an image exporter works (:func:`plots.image_exporter`), ``.png``."""
+    """Each figure as ``<name>.html`` and, when an image exporter works (:func:`export.image_exporter`), ``.png``."""
     out.mkdir(parents=True, exist_ok=True)
-    export, why = plots.image_exporter()
+    export, why = export.image_exporter()
     if export is None:
-        print(f"PNG export skipped: {why}; {plots.EXPORTER_HINT}")
+        print(f"PNG export skipped: {why}; {export.EXPORTER_HINT}")
     written = []
     for name, fig in figures.items():
         plots.save(fig, out / f"{name}.html", plotlyjs="embed" if embed else "cdn")

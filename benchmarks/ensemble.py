@@ -267,7 +267,7 @@ def bench_figure(res: dict, stem: Path) -> None:
     """``stem.png`` (and ``.html``): runs per hour against E, both trainers, with the step-cost ceiling."""
     import plotly.graph_objects as go
 
-    from circuitfade.viz.plots import save_figure
+    from circuitfade.viz.export import save_figure
 
     sizes = sorted(int(n) for n in res["ensemble"])
     fig = go.Figure()

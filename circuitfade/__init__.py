@@ -13,8 +13,10 @@ The package is layered; each layer imports only the ones above it in this list
 3. ``train``                 configs, the loop, run directories, the job pool, sweeps, recipes
 4. ``store``                 checkpoint series from any source, ``trace``
 5. ``analysis``              metrics on models and traced series
-6. ``viz``                   plots, tables, HTML reports, the screen report
-7. ``cli``                   the ``circuitfade`` command (train, demo, local-series, analyze, screen)
+6. ``viz``                   figures, tables, HTML reports, saving figures (from finished results)
+7. ``commands``              the analyze and screen pipelines and command lines; the command-line
+                             boundary the subcommands and the studies' commands share
+8. ``cli``                   the ``circuitfade`` command (train, demo, local-series, analyze, screen)
 
 The studies built on the library (the papers' protocols) live beside the package, in the
 repository's ``studies/`` folder, and are run as ``python -m studies.<name>``; nothing here

@@ -2,8 +2,8 @@
 
 Each subcommand is a function taking parsed arguments; :func:`main` takes an
 ``argv`` list so tests can call it directly. Every subcommand runs inside
-:func:`~circuitfade.viz.command.guarded` (the command-line boundary every subcommand
-shares, :mod:`circuitfade.viz.command`): a user error (bad input, a held lock, a full or
+:func:`~circuitfade.commands.boundary.guarded` (the command-line boundary every subcommand
+shares, :mod:`circuitfade.commands.boundary`): a user error (bad input, a held lock, a full or
 read-only disk, a diverged run) ends as one line on stderr naming the problem in the
 command's own flags (never the library's Python argument names), at most a few hundred
 characters, with a pointer to ``--help`` for bad input, and exit code 2; a usage error
@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 
 # the boundary every subcommand shares (light: nothing heavy is imported)
-from circuitfade.viz.command import (  # noqa: F401 - guarded, check_count, RESUME_HINT: the studies' commands use them
-    RESUME_HINT,
+from circuitfade.commands.boundary import (
     Parser,
     UsageError,
     check_count,
@@ -263,7 +262,7 @@ def _demo(ns: argparse.Namespace, summary: Path) -> int:
     if not ns.no_report:
         import torch
 
-        from circuitfade.viz.report import analyze
+        from circuitfade.commands.analyze import analyze
 
         fade_dir = Path(jobs[1]["out"])
         out = Path(ns.out) / "fade600to0_report.html"
@@ -302,9 +301,9 @@ def cmd_local_series(ns: argparse.Namespace) -> int:
 
 # Subcommands whose argument parsing lives in their own module: name -> (module, function, help)
 DELEGATED = {
-    "analyze": ("circuitfade.viz.report", "analyze_main",
+    "analyze": ("circuitfade.commands.analyze", "analyze_main",
                 "trace head diagnostics over a run's checkpoints, print the consolidation timeline, write an HTML report"),
-    "screen": ("circuitfade.viz.screens", "main",
+    "screen": ("circuitfade.commands.screen", "main",
                "screen a revision series for induction / previous-token / BOS heads, write an HTML report"),
 }
 
@@ -316,9 +315,9 @@ def _train_kwargs(ns: argparse.Namespace, *names: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``circuitfade`` parser (:class:`~circuitfade.viz.command.Parser`: usage errors are one
+    """The ``circuitfade`` parser (:class:`~circuitfade.commands.boundary.Parser`: usage errors are one
     line); each built-in subcommand's defaults carry its ``func`` and its ``flags``
-    (:func:`~circuitfade.viz.command.flag_names`, for errors in the command's own syntax)."""
+    (:func:`~circuitfade.commands.boundary.flag_names`, for errors in the command's own syntax)."""
     ap = Parser(prog="circuitfade", description="Annealable soft-prior Transformers: train, trace, reproduce.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
                             help="one of the subcommands below; circuitfade COMMAND --help for its options")

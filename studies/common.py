@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from circuitfade.cli import RESUME_HINT, guarded
+from circuitfade.commands.boundary import RESUME_HINT, guarded
 from circuitfade.io import write_json
 from circuitfade.train.lock import RunLocked, run_lock
 

@@ -118,7 +118,7 @@ def test_sigint_says_the_run_can_be_resumed(tmp_path, capsys, monkeypatch, sigin
 
 
 def test_sigint_during_analyze_does_not_promise_a_resume(tiny_run, tmp_path, capsys, monkeypatch, sigint_restored):
-    import circuitfade.viz.report as report
+    import circuitfade.commands.analyze as report
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -130,7 +130,7 @@ def test_sigint_during_analyze_does_not_promise_a_resume(tiny_run, tmp_path, cap
 
 
 def test_sigint_during_screen_does_not_promise_a_resume(tiny_run, tmp_path, capsys, monkeypatch, sigint_restored):
-    import circuitfade.viz.screens as screens
+    import circuitfade.commands.screen as screens
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -142,7 +142,7 @@ def test_sigint_during_screen_does_not_promise_a_resume(tiny_run, tmp_path, caps
 
 
 def test_delegated_command_errors_are_one_line(tmp_path, capsys, monkeypatch):
-    import circuitfade.viz.report as report
+    import circuitfade.commands.analyze as report
 
     def disk_full(*a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "x.html")
@@ -190,7 +190,7 @@ def test_local_series_refuses_zero_steps(capsys):
 # 10, 12: outputs never overwritten without --force; checked before computing
 # --------------------------------------------------------------------------------------
 def test_screen_refuses_to_overwrite_tables(tiny_run, tmp_path, capsys, monkeypatch):
-    import circuitfade.viz.screens as dev
+    import circuitfade.commands.screen as dev
 
     d = tmp_path / "d"
     d.mkdir()
@@ -202,8 +202,8 @@ def test_screen_refuses_to_overwrite_tables(tiny_run, tmp_path, capsys, monkeypa
 
 
 def test_screen_and_analyze_default_outside_the_source(tiny_run, tmp_path, monkeypatch):
-    import circuitfade.viz.screens as dev
-    import circuitfade.viz.report as report
+    import circuitfade.commands.screen as dev
+    import circuitfade.commands.analyze as report
 
     seen = {}
     monkeypatch.chdir(tmp_path)
@@ -225,7 +225,7 @@ def test_screen_and_analyze_default_outside_the_source(tiny_run, tmp_path, monke
 
 
 def test_analyze_checks_the_output_before_tracing(tiny_run, tmp_path, capsys, monkeypatch):
-    import circuitfade.viz.report as report
+    import circuitfade.commands.analyze as report
 
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where a folder should be")
@@ -414,8 +414,8 @@ def test_every_command_and_option_has_help_text():
 def test_screen_takes_the_checkpoint_flags_analyze_takes():
     import argparse
 
-    from circuitfade.viz.report import build_parser as analyze_parser
-    from circuitfade.viz.screens import build_parser as screen_parser
+    from circuitfade.commands.analyze import build_parser as analyze_parser
+    from circuitfade.commands.screen import build_parser as screen_parser
 
     def finding(ap):
         groups = [g for g in ap._action_groups if g.title and g.title.startswith("finding the checkpoints")]
@@ -472,7 +472,7 @@ def test_library_messages_are_in_the_commands_flags(tiny_run, tmp_path, capsys, 
 
 
 def test_flag_translation_rules():
-    from circuitfade.viz.command import in_flags
+    from circuitfade.commands.boundary import in_flags
 
     flags = {"steps": ("--steps", "S,S,..."), "step_pattern": ("--step-pattern", "REGEX"), "n": ("--n", None),
              "force": ("--force", None), "config": ("--config", "JSON"), "seq_len": ("--seq-len", "L")}
@@ -488,7 +488,7 @@ def test_flag_translation_rules():
 
 
 def test_a_long_error_is_one_bounded_line_pointing_at_help(tmp_path, capsys):
-    from circuitfade.viz.command import MAX_ERROR_CHARS
+    from circuitfade.commands.boundary import MAX_ERROR_CHARS
 
     assert main(["train", "--path", "bogus", "--out", str(tmp_path / "r")]) == 2
     err = one_line_error(capsys, "invalid gate path 'bogus'", "fade600->0", "in all", "(see circuitfade train --help)")
@@ -519,7 +519,7 @@ def test_a_failed_command_leaves_no_output_folder(tmp_path, capsys, command):
 
 
 def test_removing_new_folders_keeps_folders_with_files(tmp_path):
-    from circuitfade.viz.command import removing_new_folders
+    from circuitfade.commands.boundary import removing_new_folders
 
     with pytest.raises(RuntimeError):
         with removing_new_folders(tmp_path / "a" / "b", tmp_path / "c"):
@@ -543,7 +543,7 @@ def test_screen_checks_its_arguments_before_any_progress_bar(tiny_run, tmp_path,
 
 
 def test_bounded_summarises_lists_of_choices():
-    from circuitfade.viz.command import bounded
+    from circuitfade.commands.boundary import bounded
 
     assert bounded("short; fine") == "short; fine"
     names = ", ".join(f"path{i}" for i in range(12))

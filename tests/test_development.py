@@ -6,7 +6,7 @@
 * :mod:`circuitfade.analysis.development`: series-level tables on planted screen tables
   with known answers, and ``screen_series`` end to end on the tiny local series;
 * :mod:`circuitfade.tasks.repeats`: targets and repeated spans are where claimed;
-* :mod:`circuitfade.viz.screens`: the CLI on the local series; the
+* :mod:`circuitfade.commands.screen`: the CLI on the local series; the
   tutorial notebook (slow).
 """
 
@@ -450,7 +450,7 @@ def test_bridge_backend_screens_like_hookedtransformer(neox):
 
 
 def test_cli_on_local_series(neox, tmp_path, capsys):
-    from circuitfade.viz.screens import main
+    from circuitfade.commands.screen import main
 
     out = tmp_path / "rep" / "report.html"
     assert main([str(neox), "--out", str(out), "--n", "4", "--quiet"]) == 0
@@ -534,7 +534,7 @@ def test_repeats_score_repeat_and_no_bos_and_validation():
 
 def test_run_on_a_small_local_run(tmp_path):
     from circuitfade.train.recipes import build_local_series
-    from circuitfade.viz.screens import run
+    from circuitfade.commands.screen import run
 
     torch.manual_seed(0)
     run_dir = build_local_series(tmp_path / "run", steps=40, n_checkpoints=3)
@@ -622,7 +622,7 @@ def test_committed_results_rebuild_byte_identical_from_their_tables(tmp_path):
     import shutil
 
     from studies.development.study import main as study_main
-    from circuitfade.viz.screens import TABLES
+    from circuitfade.commands.screen import TABLES
 
     committed = REPO / "results" / "development"
     for t in TABLES:

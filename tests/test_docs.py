@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 STUDIES = ("paper", "removability", "history", "development", "alignment")
-API_PACKAGES = ("model", "tasks", "gating", "train", "store", "analysis", "viz")
+API_PACKAGES = ("model", "tasks", "gating", "train", "store", "analysis", "viz", "commands")
 
 
 def _pages() -> list[Path]:

@@ -30,7 +30,7 @@ from circuitfade.io import CheckpointError, load_tensors, read_json
 from circuitfade.store import attach, check_series_weights, open_run, step_from_name, trace
 from circuitfade.tasks import Batch, eval_set
 from circuitfade.train import RunConfig, TrainConfig, train
-from circuitfade.viz.report import analyze, analyze_main
+from circuitfade.commands.analyze import analyze, analyze_main
 from planted import CopyTask
 
 torch.set_num_threads(1)
@@ -325,7 +325,7 @@ def test_a_permission_denied_checkpoint_says_so(tmp_path):
 
 
 def test_ctrl_c_during_analyze_does_not_promise_a_resume(tmp_path, monkeypatch, capsys):
-    import circuitfade.viz.report as report
+    import circuitfade.commands.analyze as report
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt

@@ -5,13 +5,14 @@ architecture section and in ``circuitfade/__init__.py``)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 
 PKG = Path(__file__).resolve().parents[1] / "circuitfade"
 
 # lowest first; a module's layer is that of its first dotted component below circuitfade
-LAYERS = ["io", "stats", "claims", "compat", "model", "tasks", "gating", "train", "store", "analysis", "viz",
+LAYERS = ["io", "stats", "claims", "compat", "model", "tasks", "gating", "train", "store", "analysis", "viz", "commands",
           "cli", "__main__"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 # same-rank groups (layers that may not import each other at all)
@@ -112,3 +113,38 @@ def test_the_checker_sees_a_study_import(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "PKG", tmp_path / "circuitfade")
     bad = _violations()
     assert len(bad) == 1 and "imports a study (studies.paper)" in bad[0]
+
+
+def test_names_that_moved_up_say_where_they_went():
+    # what left viz is not re-exported there (viz would import a higher layer): asking for it
+    # at the old place, as an attribute or with from-import, names the new place
+    import importlib
+
+    import pytest
+
+    moved = {
+        ("circuitfade.viz.report", "analyze"): "circuitfade.commands.analyze.analyze",
+        ("circuitfade.viz.report", "analyze_main"): "circuitfade.commands.analyze.analyze_main",
+        ("circuitfade.viz.report", "markdown_table"): "circuitfade.viz.tables.markdown_table",
+        ("circuitfade.viz.screens", "run"): "circuitfade.commands.screen.run",
+        ("circuitfade.viz.screens", "main"): "circuitfade.commands.screen.main",
+        ("circuitfade.viz.command", "guarded"): "circuitfade.commands.boundary.guarded",
+        ("circuitfade.viz.plots", "ExportError"): "circuitfade.viz.export.ExportError",
+        ("circuitfade.viz.plots", "save_figure"): "circuitfade.viz.export.save_figure",
+        ("circuitfade.viz.attention", "attention_patterns"): "circuitfade.analysis.attention.attention_series",
+    }
+    for (module, name), new in moved.items():
+        mod = importlib.import_module(module)
+        with pytest.raises(ImportError, match=re.escape(new)):
+            getattr(mod, name)
+        with pytest.raises(ImportError, match=re.escape(new)):
+            exec(f"from {module} import {name}", {})
+        new_module, new_name = new.rsplit(".", 1)
+        assert hasattr(importlib.import_module(new_module), new_name)
+    import circuitfade.viz.plots as plots
+    from circuitfade.viz import export
+
+    assert plots.save is export.save and "save" not in plots.__all__  # one documented name, one home
+    with pytest.raises(AttributeError):
+        getattr(plots, "no_such_name")
+    assert not hasattr(plots, "no_such_name")

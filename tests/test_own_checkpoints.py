@@ -30,9 +30,9 @@ from circuitfade.store import (
     step_from_name,
     trace,
 )
+from circuitfade.commands.analyze import analyze_main
 from circuitfade.tasks import eval_set
-from circuitfade.viz import plots
-from circuitfade.viz.report import analyze_main
+from circuitfade.viz import export, plots
 from circuitfade.viz.tables import markdown_table
 from planted import CopyTask
 
@@ -539,7 +539,7 @@ def _planted_trace() -> pd.DataFrame:
 
 def test_saving_a_slider_heatmap_as_an_image_writes_every_step(tmp_path, monkeypatch):
     exported = []
-    monkeypatch.setitem(plots._EXPORTER, "result", (lambda fig, fmt, w, h, s: exported.append(fig) or b"img", None))
+    monkeypatch.setitem(export._EXPORTER, "result", (lambda fig, fmt, w, h, s: exported.append(fig) or b"img", None))
     fig = plots.head_heatmap(_planted_trace(), "successor_mass")
     assert [tr.visible for tr in fig.data] == [False, False, True]  # on screen: one step at a time
     plots.save(fig, tmp_path / "h.png")

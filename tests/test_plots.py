@@ -1,4 +1,5 @@
-"""Tests for circuitfade.viz.plots (figure structure on planted traces) and circuitfade.viz.report (analyze).
+"""Tests for circuitfade.viz.plots (figure structure on planted traces), circuitfade.viz.export (saving) and
+circuitfade.commands.analyze (the analyze pipeline and its report).
 
 The figure tests build tidy traces by hand, with a planted crossing: head L1H2's
 successor mass is .10, .30, .60 at steps 0, 100, 200 and L0H1's .05, .20, .40, every
@@ -18,10 +19,11 @@ import pytest
 import torch
 
 from circuitfade import compat
-from circuitfade.viz import plots
-from circuitfade.viz.report import analyze, analyze_main, markdown_table
+from circuitfade.commands.analyze import analyze, analyze_main
 from circuitfade.tasks import make_task
 from circuitfade.train import RunConfig, TrainConfig, train
+from circuitfade.viz import export, plots
+from circuitfade.viz.tables import markdown_table
 
 torch.set_num_threads(1)
 
@@ -290,8 +292,8 @@ def test_save_html_always_and_unknown_suffix(tmp_path):
 
 
 def test_save_without_exporter_says_how_to_get_one(tmp_path, monkeypatch):
-    monkeypatch.setitem(plots._EXPORTER, "result", (None, "kaleido 0.2: ModuleNotFoundError"))
-    with pytest.raises(plots.ExportError, match=r"pip install 'circuitfade\[figures\]'"):
+    monkeypatch.setitem(export._EXPORTER, "result", (None, "kaleido 0.2: ModuleNotFoundError"))
+    with pytest.raises(export.ExportError, match=r"pip install 'circuitfade\[figures\]'"):
         plots.save(plots.head_heatmap(planted_trace(), MASS), tmp_path / "fig.png")
     assert not (tmp_path / "fig.png").exists()
 
@@ -300,8 +302,8 @@ def test_save_png_svg_pdf(tmp_path):
     """Real image export (CI installs the [figures] extra through [dev]; skipped only where the
     exporter package is not installed at all - a broken install fails)."""
     pytest.importorskip("kaleido", reason="pip install 'circuitfade[figures]' for image export")
-    export, why = plots.image_exporter()
-    assert export is not None, why
+    exporter, why = export.image_exporter()
+    assert exporter is not None, why
     fig = plots.head_timeline(planted_trace(), MASS, threshold=0.25)
     png = plots.save(fig, tmp_path / "t.png", width=500, height=300).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -405,11 +407,12 @@ def _uniform_attention_model(seed: int):
 
 
 def test_attention_patterns_and_figure_on_planted_uniform_attention():
-    from circuitfade.viz.attention import attention_figure, attention_patterns, attention_view
+    from circuitfade.analysis.attention import attention_series
+    from circuitfade.viz.attention import attention_figure, attention_view
 
     models = {0: _uniform_attention_model(0), 50: _uniform_attention_model(1)}
     tokens = torch.tensor([3, 1, 4, 1, 5])
-    p = attention_patterns(models, tokens, token_labels=list("abcbd"))
+    p = attention_series(models, tokens, token_labels=list("abcbd"))
     assert p.patterns.shape == (2, 2, 2, 5, 5) and p.steps == (0, 50)
     want = np.tril(np.ones((5, 5))) / np.arange(1, 6)[:, None]
     np.testing.assert_allclose(p.patterns[1, 1, 0], want, atol=1e-6)
@@ -425,16 +428,17 @@ def test_attention_patterns_and_figure_on_planted_uniform_attention():
     with pytest.raises(ValueError, match="layer"):
         attention_figure(p, layer=2)
     with pytest.raises(ValueError, match="steps \\[7\\]"):
-        attention_patterns(models, tokens, steps=[7])
+        attention_series(models, tokens, steps=[7])
     with pytest.raises(ValueError, match="n_ctx = 8"):
-        attention_patterns(models, torch.arange(9))
+        attention_series(models, torch.arange(9))
 
 
 def test_attention_view_uses_circuitsvis_when_installed(monkeypatch):
     import sys
     import types
 
-    from circuitfade.viz.attention import CircuitsVisSeries, attention_patterns, attention_view
+    from circuitfade.analysis.attention import attention_series
+    from circuitfade.viz.attention import CircuitsVisSeries, attention_view
 
     calls = []
     fake = types.ModuleType("circuitsvis.attention")
@@ -443,7 +447,7 @@ def test_attention_view_uses_circuitsvis_when_installed(monkeypatch):
     pkg.attention = fake
     monkeypatch.setitem(sys.modules, "circuitsvis", pkg)
     monkeypatch.setitem(sys.modules, "circuitsvis.attention", fake)
-    p = attention_patterns([_uniform_attention_model(0)] * 3, torch.tensor([1, 2, 3]))
+    p = attention_series([_uniform_attention_model(0)] * 3, torch.tensor([1, 2, 3]))
     view = attention_view(p, 0)
     assert isinstance(view, CircuitsVisSeries) and len(calls) == 3
     assert calls[0] == (["0:1", "1:2", "2:3"], (2, 3, 3))  # [head, query, key] per step
@@ -460,21 +464,21 @@ def test_save_with_timeout_exports_in_a_child_and_reports_a_hang(tmp_path, monke
     out = plots.save(fig, tmp_path / "child.png", width=300, height=200, timeout=300)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a child that never finishes is killed and reported, not waited for
-    monkeypatch.setattr(plots, "_CHILD_EXPORT", "while True: pass\n")
-    with pytest.raises(plots.ExportError, match="did not finish within 0.2 s"):
+    monkeypatch.setattr(export, "_CHILD_EXPORT", "while True: pass\n")
+    with pytest.raises(export.ExportError, match="did not finish within 0.2 s"):
         plots.save(fig, tmp_path / "hang.png", timeout=0.2)
     # ... also when it started a process of its own that escapes the kill and keeps stderr open
     # (it outlives the kill by 6 s, then exits; waiting on its pipe would take those 6 s)
     grandchild = "import os, time\\np = os.getppid()\\nwhile os.getppid() == p: time.sleep(0.05)\\ntime.sleep(6)"
     escape = (f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', '{grandchild}'], start_new_session=True)\n"
               "while True: pass\n")
-    monkeypatch.setattr(plots, "_CHILD_EXPORT", escape)
+    monkeypatch.setattr(export, "_CHILD_EXPORT", escape)
     t0 = time.monotonic()
-    with pytest.raises(plots.ExportError, match="did not finish within 1 s"):
+    with pytest.raises(export.ExportError, match="did not finish within 1 s"):
         plots.save(fig, tmp_path / "escaped.png", timeout=1)
     assert time.monotonic() - t0 < 5
-    monkeypatch.setattr(plots, "_CHILD_EXPORT", "raise SystemExit('no browser here')\n")
-    with pytest.raises(plots.ExportError, match="no browser here"):
+    monkeypatch.setattr(export, "_CHILD_EXPORT", "raise SystemExit('no browser here')\n")
+    with pytest.raises(export.ExportError, match="no browser here"):
         plots.save(fig, tmp_path / "broken.png", timeout=60)
     assert not (tmp_path / "hang.png").exists()
 
@@ -487,17 +491,17 @@ def test_renderer_in_a_kernel_embeds_figures_unless_one_was_chosen(monkeypatch):
 
     monkeypatch.delenv("PLOTLY_RENDERER", raising=False)
     monkeypatch.setattr(pio.renderers, "default", "plotly_mimetype")  # plotly's own pick in a Jupyter kernel
-    assert plots.use_exportable_renderer() == plots.EXPORTABLE_RENDERER == "plotly_mimetype+notebook"
+    assert export.use_exportable_renderer() == export.EXPORTABLE_RENDERER == "plotly_mimetype+notebook"
     assert pio.renderers.default == "plotly_mimetype+notebook"
     # the HTML copy carries the figure itself: what nbconvert --to html keeps
     bundle = go.Figure(go.Bar(y=[4, 2]))._repr_mimebundle_()
     assert "application/vnd.plotly.v1+json" in bundle and "Plotly.newPlot" in bundle["text/html"]
     for chosen in ("svg", "browser", "vscode", "notebook_connected"):  # the user's (or the host's) choice is kept
         monkeypatch.setattr(pio.renderers, "default", chosen)
-        assert plots.use_exportable_renderer() is None and pio.renderers.default == chosen
+        assert export.use_exportable_renderer() is None and pio.renderers.default == chosen
     monkeypatch.setattr(pio.renderers, "default", "plotly_mimetype")
     monkeypatch.setenv("PLOTLY_RENDERER", "plotly_mimetype")  # chosen through the environment
-    assert plots.use_exportable_renderer() is None and pio.renderers.default == "plotly_mimetype"
+    assert export.use_exportable_renderer() is None and pio.renderers.default == "plotly_mimetype"
 
 
 # a Jupyter kernel as tqdm and plotly detect one, without ipywidgets

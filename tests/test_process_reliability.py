@@ -145,7 +145,7 @@ def test_ctrl_c_stops_the_pool_without_waiting_for_queued_jobs(tmp_path):
 
 INTERRUPTED_WHILE_EXITING = """
 import atexit, sys
-from circuitfade.cli import guarded
+from circuitfade.commands.boundary import guarded
 
 def wind_down():  # an exit handler still at work (a pool's shutdown, a progress bar's thread)
     print("winding down", flush=True)

@@ -1,7 +1,8 @@
 """The shape of the code base, checked from its source: no import cycles, no imports of another
-module's private names, one process pool, the verdict words in one place, short study
-functions, product words only, a small fast command line. Each checker is also run on a
-planted violation, so a checker that sees nothing cannot pass by accident."""
+module's private names, one process pool, studies that never import the CLI, viz modules that
+only draw, the verdict words in one place, short study functions, product words only, a small
+fast command line. Each checker is also run on a planted violation, so a checker that sees
+nothing cannot pass by accident."""
 
 from __future__ import annotations
 
@@ -122,6 +123,94 @@ def test_the_pool_checker_sees_a_second_pool(tmp_path):
     (tmp_path / "studies" / "s.py").write_text("from concurrent.futures import ProcessPoolExecutor\n"
                                                "pool = ProcessPoolExecutor(2)\n")
     assert _pool_makers(tmp_path) == ["studies.s"]
+
+
+def _study_cli_imports(root: Path = ROOT) -> list[str]:
+    """``module:line`` for every import of :mod:`circuitfade.cli` under ``studies/`` (a study's command
+    uses :mod:`circuitfade.commands.boundary`, as the CLI does; the CLI is the package's top)."""
+    out = []
+    for m, path in _sources(root).items():
+        if not m.startswith("studies"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            if any(n == "circuitfade.cli" or n.startswith("circuitfade.cli.") for n in names):
+                out.append(f"{m}:{node.lineno}")
+    return out
+
+
+def test_no_study_imports_the_cli():
+    assert not _study_cli_imports(), _study_cli_imports()
+
+
+def test_the_study_cli_checker_sees_planted_imports(tmp_path):
+    for top in TOP:
+        (tmp_path / top).mkdir()
+    (tmp_path / "studies" / "a.py").write_text("from circuitfade.cli import guarded\n")
+    (tmp_path / "studies" / "b.py").write_text("def f():\n    import circuitfade.cli\n    from circuitfade import cli\n")
+    (tmp_path / "studies" / "c.py").write_text("from circuitfade.commands.boundary import guarded\n")
+    assert _study_cli_imports(tmp_path) == ["studies.a:1", "studies.b:2", "studies.b:3"]
+
+
+PARSER_CALLS = frozenset({"ArgumentParser", "Parser", "add_argument", "add_argument_group", "add_subparsers",
+                          "add_parser", "parse_args"})
+"""Calls that build or run a command-line parser."""
+PIPELINE_CALLS = frozenset({"attach", "open_run", "trace", "train", "branch", "run_sweep", "fit", "screen_series",
+                            "run_with_cache", "run_with_hooks"})
+"""Calls that load checkpoints, run models or train: the work the layers below and above viz do."""
+
+
+def _viz_doing_other_jobs(root: Path = ROOT) -> list[str]:
+    """``module:line what`` for every ``argparse`` import, parser-building call (:data:`PARSER_CALLS`)
+    and pipeline call (:data:`PIPELINE_CALLS`) in ``circuitfade.viz``: viz draws finished results;
+    the pipelines and command lines are :mod:`circuitfade.commands`."""
+    out = []
+    for m, path in _sources(root).items():
+        if not (m == "circuitfade.viz" or m.startswith("circuitfade.viz.")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "argparse" for a in node.names) or \
+                    isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "argparse":
+                out.append(f"{m}:{node.lineno} imports argparse")
+            elif isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if name in PARSER_CALLS:
+                    out.append(f"{m}:{node.lineno} builds a parser ({name})")
+                elif name in PIPELINE_CALLS:
+                    out.append(f"{m}:{node.lineno} runs a pipeline ({name})")
+    return out
+
+
+def test_viz_only_draws():
+    assert not _viz_doing_other_jobs(), _viz_doing_other_jobs()
+
+
+def test_the_viz_checker_sees_planted_parsers_and_pipelines(tmp_path):
+    for top in TOP:
+        (tmp_path / top).mkdir()
+    (tmp_path / "circuitfade" / "viz").mkdir()
+    (tmp_path / "circuitfade" / "viz" / "__init__.py").write_text("")
+    (tmp_path / "circuitfade" / "viz" / "report.py").write_text(
+        "import argparse\n"
+        "from circuitfade.store import attach, trace\n"
+        "def main(argv):\n"
+        "    ap = argparse.ArgumentParser()\n"
+        "    ap.add_argument('run')\n"
+        "    series = attach(ap.parse_args(argv).run)\n"
+        "    return trace(series, [])\n"
+        "def fig(go):\n"
+        "    return go.Figure().add_trace(go.Bar(y=[1]))\n")  # figures are its job
+    (tmp_path / "studies" / "s.py").write_text("import argparse\nargparse.ArgumentParser()\n")  # not viz
+    assert sorted(_viz_doing_other_jobs(tmp_path)) == [
+        "circuitfade.viz.report:1 imports argparse", "circuitfade.viz.report:4 builds a parser (ArgumentParser)",
+        "circuitfade.viz.report:5 builds a parser (add_argument)", "circuitfade.viz.report:6 builds a parser (parse_args)",
+        "circuitfade.viz.report:6 runs a pipeline (attach)", "circuitfade.viz.report:7 runs a pipeline (trace)"]
 
 
 OUTCOME_WORDS = ("reproduced", "not reproduced", "partly", "inconclusive", "not testable")

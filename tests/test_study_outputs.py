@@ -189,7 +189,7 @@ def _dev(argv):
 
 def _screen_stub(stop_after_tables: bool):
     """``screens.run`` writing the committed tables, then (optionally) Ctrl-C before returning."""
-    from circuitfade.viz.screens import TABLES
+    from circuitfade.commands.screen import TABLES
 
     def run(source, out, n, progress):
         tables = {t: pd.read_csv(COMMITTED / f"{t}.csv") for t in TABLES}
@@ -244,7 +244,7 @@ def test_development_with_a_bad_series_leaves_no_empty_results_folder(tmp_path, 
 def test_development_tables_only_through_the_command_rebuilds_the_committed_results(tmp_path):
     import shutil
 
-    from circuitfade.viz.screens import TABLES
+    from circuitfade.commands.screen import TABLES
 
     for t in TABLES:
         shutil.copy(COMMITTED / f"{t}.csv", tmp_path / f"{t}.csv")

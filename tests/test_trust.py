@@ -209,7 +209,7 @@ def test_plain_models_traced_with_a_task_name_or_own_batch_keep_every_metric():
 
 
 def test_analyze_accepts_task_dicts_and_task_args(tmp_path, capsys):
-    from circuitfade.viz.report import analyze, analyze_main
+    from circuitfade.commands.analyze import analyze, analyze_main
 
     cfg = dict(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=32, attn_only=True, seed=0)
     res = analyze([compat.plain_model(cfg), compat.plain_model(cfg)], task={"name": "assoc", "n_pairs": 4},
@@ -324,7 +324,7 @@ def test_every_entry_point_reports_the_same_zero_gate_accuracy():
 
 
 def test_analyze_reports_the_same_zero_gate_accuracy():
-    from circuitfade.viz.report import analyze
+    from circuitfade.commands.analyze import analyze
 
     series, logged = _shipped_final()
     res = analyze(series.select([3600]), progress=False)

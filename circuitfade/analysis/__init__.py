@@ -9,6 +9,8 @@ tensors or tidy DataFrames (main paper Sections 6 and 9).
   over a checkpoint series (Table 3);
 * :mod:`~circuitfade.analysis.screens` - induction / previous-token / BOS-attractor
   screens with capability selectivity;
+* :mod:`~circuitfade.analysis.attention` - attention patterns of one sequence across a
+  checkpoint series (:mod:`circuitfade.viz.attention` draws them);
 * :mod:`~circuitfade.analysis.spectra` - participation ratio of head outputs and weights;
 * :mod:`~circuitfade.analysis.patching` - residual-stream activation patching and
   mean replacement between two models;

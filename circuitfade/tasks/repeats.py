@@ -7,7 +7,7 @@ token is predictable by looking up the previous occurrence of the current token
 and reading the token after it (the induction rule). Two optional ingredients make
 the text more like language: single-token ("bigram") copies anywhere (``copy_p``)
 and a skip-bigram rule ``x_t = perm[x_{t-2}]`` (``skip_p``) that rewards a
-previous-token head on its own. Used by :mod:`circuitfade.viz.screens`
+previous-token head on its own. Used by :mod:`circuitfade.commands.screen`
 to grow a small model whose heads develop during training.
 """
 

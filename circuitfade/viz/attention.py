@@ -1,15 +1,13 @@
-"""Attention patterns across a checkpoint series: head x query x key, a slider over steps.
+"""Figures of attention patterns across a checkpoint series: head x query x key, a slider over steps.
 
-    from circuitfade.viz.attention import attention_patterns, attention_figure, attention_view
-    pats = attention_patterns(series, batch.tokens[0])      # one sequence, every checkpoint
+    from circuitfade.analysis.attention import attention_series
+    from circuitfade.viz.attention import attention_figure, attention_view
+    pats = attention_series(series, batch.tokens[0])        # one sequence, every checkpoint
     attention_figure(pats, layer=1)                          # plotly: one panel per head, slider over steps
     attention_view(pats, layer=1)                            # CircuitsVis when installed, else the same figure
 
-:func:`attention_patterns` runs each checkpoint once on one token sequence and keeps
-``blocks.{l}.attn.hook_pattern`` (softmax attention probabilities, after the causal mask
-and, for soft-prior models, after the gated prior - the gates as the model has them;
-wrap the call in ``model.gates(...)`` per model if you want another condition). It works
-on any TransformerLens model (``HookedTransformer`` or :class:`SoftPriorTransformer`).
+Both take the :class:`~circuitfade.analysis.attention.AttentionPatterns` that
+:func:`circuitfade.analysis.attention.attention_series` computes (nothing here runs a model).
 Figures put the tokens on the axes, labelled ``"position:token"`` so repeated tokens
 stay distinct.
 """
@@ -18,113 +16,23 @@ from __future__ import annotations
 
 import json
 import numbers
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-import numpy as np
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-__all__ = ["AttentionPatterns", "attention_patterns", "attention_figure", "attention_view"]
+from circuitfade.analysis.attention import AttentionPatterns
+from circuitfade.viz import moved_names
 
+__all__ = ["attention_figure", "attention_view"]
 
-@dataclass(frozen=True)
-class AttentionPatterns:
-    """Attention probabilities of one sequence at several checkpoints.
-
-    ``patterns``: ``float [step, layer, head, query, key]`` (rows sum to 1 over keys
-    ``<= query``); ``steps``: the checkpoint steps, in order; ``labels``: one axis label
-    per position (``"position:token"``).
-    """
-
-    patterns: np.ndarray
-    steps: tuple[int, ...]
-    labels: tuple[str, ...]
-
-    @property
-    def n_layers(self) -> int:
-        return self.patterns.shape[1]
-
-    @property
-    def n_heads(self) -> int:
-        return self.patterns.shape[2]
-
-
-def _models(source, steps):
-    """``[(step, model)]`` from a CheckpointSeries, a ``{step: model}`` mapping or a list of models."""
-    if isinstance(source, Mapping):
-        items = sorted((int(s), m) for s, m in source.items())
-    elif isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
-        items = list(enumerate(source))
-    elif hasattr(source, "steps") and hasattr(source, "__getitem__"):  # CheckpointSeries: loads lazily
-        items = [(int(s), None) for s in source.steps]
-    else:
-        raise ValueError(
-            f"source: expected a CheckpointSeries, a {{step: model}} mapping or a list of models, got {type(source).__name__}"
-        )
-    if steps is not None:
-        want = [int(s) for s in steps]
-        have = {s for s, _ in items}
-        missing = [s for s in want if s not in have]
-        if missing:
-            raise ValueError(f"steps {missing} are not in the series; steps: {sorted(have)}")
-        items = [(s, m) for s, m in items if s in set(want)]
-    if not items:
-        raise ValueError("source: no checkpoints")
-    for step, model in items:
-        yield step, (source[step] if model is None else model)
-
-
-def attention_patterns(source, tokens, *, steps: Sequence[int] | None = None,
-                       token_labels: Sequence[str] | None = None) -> AttentionPatterns:
-    """Attention patterns of one sequence at every checkpoint of ``source`` (or at ``steps``).
-
-    Args:
-        source: a :class:`~circuitfade.store.CheckpointSeries` (models loaded one at a
-            time), a ``{step: model}`` mapping, or a list of models (steps 0, 1, ...).
-        tokens: one sequence, ``int [pos]`` (or ``[1, pos]``), e.g. ``batch.tokens[0]``.
-        steps: a subset of the series' steps.
-        token_labels: one string per position (default: the token ids); axes show
-            ``"position:label"``.
-    """
-    t = torch.as_tensor(tokens)
-    if t.dim() == 2 and t.shape[0] == 1:
-        t = t[0]
-    if t.dim() != 1 or t.numel() == 0 or t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        raise ValueError(f"tokens: expected one sequence of token ids, int [pos], got shape {tuple(t.shape)} {t.dtype}")
-    t = t.long()
-    if token_labels is None:
-        token_labels = [str(int(x)) for x in t]
-    if len(token_labels) != t.numel():
-        raise ValueError(f"token_labels: expected {t.numel()} labels (one per position), got {len(token_labels)}")
-    labels = tuple(f"{i}:{lab}" for i, lab in enumerate(token_labels))
-    out, got_steps = [], []
-    for step, model in _models(source, steps):
-        n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
-        if n_ctx is not None and t.numel() > n_ctx:
-            raise ValueError(f"tokens: {t.numel()} positions, but the model at step {step} has n_ctx = {n_ctx}")
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                _, cache = model.run_with_cache(t[None], names_filter=lambda name: name.endswith("attn.hook_pattern"))
-        finally:
-            model.train(was_training)
-        layers = sorted(int(k.split(".")[1]) for k in cache.keys())
-        if not layers:
-            raise ValueError(f"the model at step {step} has no attn.hook_pattern hooks (not a TransformerLens model?)")
-        out.append(np.stack([cache[f"blocks.{l}.attn.hook_pattern"][0].float().numpy() for l in layers]))
-        got_steps.append(int(step))
-    shapes = {p.shape for p in out}
-    if len(shapes) != 1:
-        raise ValueError(f"checkpoints differ in shape (layers, heads, q, k): {sorted(shapes)}")
-    return AttentionPatterns(np.stack(out), tuple(got_steps), labels)
+__getattr__ = moved_names(__name__, {"circuitfade.analysis.attention": (("attention_patterns", "attention_series"),)})
 
 
 def _check(p: AttentionPatterns, layer: int) -> None:
     if not isinstance(p, AttentionPatterns):
-        raise ValueError(f"expected AttentionPatterns (see attention_patterns), got {type(p).__name__}")
+        raise ValueError(f"expected AttentionPatterns (see attention_series), got {type(p).__name__}")
     if isinstance(layer, bool) or not isinstance(layer, numbers.Integral) or not 0 <= layer < p.n_layers:
         raise ValueError(f"layer: expected an int in [0, {p.n_layers}), got {layer!r}")
 

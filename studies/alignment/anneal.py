@@ -92,8 +92,8 @@ from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, Run, TrainingDiverged, fit, new_run
 from circuitfade.train.callbacks import Callback, L2Penalty
 from circuitfade.train.langevin import LangevinNoise
-from circuitfade.viz.plots import save_figure
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.export import save_figure
+from circuitfade.viz.tables import markdown_table
 from studies.alignment.apparatus import BATCH, MARGIN, PATIENCE, THRESHOLD, base_config, job_key
 from studies.alignment.protocol import ANNEAL_V1, stamp, stamped
 

@@ -41,8 +41,8 @@ from circuitfade.claims import Outcome
 from circuitfade.stats import binomial_exact_interval, bootstrap_median
 from circuitfade.train import EVAL_SEED, load_checkpoint, new_run, save_checkpoint, train
 from circuitfade.train.surgery import reinit_slices
-from circuitfade.viz.plots import save_figure
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.export import save_figure
+from circuitfade.viz.tables import markdown_table
 from circuitfade.train.rundir import RunDir
 from studies.alignment.apparatus import (base_config, cure_row, first_acc, from_source, job_key,
                                          run_cached_jobs, until_ignition)

@@ -66,8 +66,8 @@ from circuitfade.tasks import EVAL_SEED, eval_set, make_task
 from circuitfade.train import Run, RunConfig, TrainConfig, TrainingDiverged, fit
 from circuitfade.train.callbacks import Callback, L2Penalty
 from circuitfade.train.langevin import LangevinNoise
-from circuitfade.viz.plots import save_figure
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.export import save_figure
+from circuitfade.viz.tables import markdown_table
 from studies.alignment import anneal as A
 from studies.alignment.anneal import CLIP, LR_SGD
 from studies.alignment.apparatus import cached_job, is_pinned

@@ -71,8 +71,8 @@ from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.io import read_json
 from circuitfade.stats import binomial_exact_interval, bootstrap_median
 from circuitfade.train import new_run, train
-from circuitfade.viz.plots import save_figure
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.export import save_figure
+from circuitfade.viz.tables import markdown_table
 from studies.alignment.apparatus import THRESHOLD, base_config, check_finite, first_acc, run_cached_jobs, until_ignition
 from studies.alignment.parts import load_constants, predict_wait
 from studies.alignment.protocol import IGNITION_V1, declared, forced_v1, rules_of, stamp, stamped, verdict_frame

@@ -59,8 +59,8 @@ from circuitfade.claims import Outcome
 from circuitfade.io import write_json
 from circuitfade.stats import binomial_exact_interval
 from circuitfade.train.langevin import LangevinNoise
-from circuitfade.viz.plots import save_figure
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.export import save_figure
+from circuitfade.viz.tables import markdown_table
 from studies.alignment.protocol import OCCUPATION_V1, stamp, stamped
 
 __all__ = ["OccupationConfig", "CONFIG", "WS", "simulate", "base_margins", "planted_delays", "predict_critical_w",

@@ -53,7 +53,7 @@ from circuitfade.tasks import eval_set, make_task
 from circuitfade.train import EVAL_SEED, RunConfig, complete_checkpoints, load_checkpoint, new_run, train
 from circuitfade.train.recipes import LOCAL_TASK, build_local_series
 from circuitfade.train.surgery import reinit_heads
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.tables import markdown_table
 from circuitfade.train.rundir import RunDir
 from studies.alignment.apparatus import (
     BASE_CAP,

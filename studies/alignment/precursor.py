@@ -72,8 +72,8 @@ from circuitfade.analysis.precursor import (
 from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.io import freeze_payload, load_frozen, read_json
 from circuitfade.train import new_run, train
-from circuitfade.viz.plots import save_figure
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.export import save_figure
+from circuitfade.viz.tables import markdown_table
 from studies.alignment.apparatus import (
     CHUNK,
     LR,

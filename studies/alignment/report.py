@@ -25,10 +25,10 @@ import pandas as pd
 import torch
 
 from circuitfade.claims import Outcome, Provenance
-from circuitfade.cli import check_count
+from circuitfade.commands.boundary import check_count
 from circuitfade.io import write_json
-from circuitfade.viz.plots import save_figure
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.export import save_figure
+from circuitfade.viz.tables import markdown_table
 from studies.alignment import anneal, cure, fdt, ignition, occupation, precursor, unpinned, withheld
 from studies.alignment.apparatus import (
     BATCH,

@@ -35,8 +35,8 @@ from circuitfade.analysis.parts import METHODS, Credit, credit_verdict, part_abl
 from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, new_run
-from circuitfade.viz.plots import save_figure
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.export import save_figure
+from circuitfade.viz.tables import markdown_table
 from studies.alignment.apparatus import CHUNK, base_config, from_scratch, run_cached_jobs
 from studies.alignment.protocol import (FORCED_V3, IDENTIFY_MARGIN, MIN_IDENTIFIED, PARTS_V2, forced,
                                         rules_of, stamp, verdict_frame)

@@ -27,13 +27,13 @@ from typing import Sequence
 
 import pandas as pd
 
-from circuitfade.cli import check_count
+from circuitfade.commands.boundary import check_count
 from circuitfade.analysis.edges import EDGE_ATTRIBUTION, edge_attribution, top_edges
 from circuitfade.claims import Outcome, Verdict, grade, verdict_table
 from circuitfade.io import check_outputs, read_json, write_csv, write_json, write_text
 from circuitfade.stats import chance_overlap, seed_summary
 from circuitfade.train import RunConfig
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.tables import markdown_table
 from circuitfade.train.rundir import RunDir
 from studies.circuits.declaration import DECLARATION, PROVENANCE, RULES, rule_inputs
 from studies.circuits.declaration import claims as declared_claims
@@ -397,7 +397,7 @@ def run(out: str | Path = "results/circuits", *, train: bool = True, workers: in
                                      "wall_s": round(time.time() - t0, 1)})
     write_csv(out / "scores.csv", scores)
     md = write_tables(out, note=note)
-    from circuitfade.viz.plots import save_figure
+    from circuitfade.viz.export import save_figure
 
     save_figure(figure(pd.read_csv(out / "timeline.csv")), out / "fig_circuits")
     return md

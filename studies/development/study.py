@@ -11,10 +11,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from circuitfade.commands.screen import TABLES, run
 from circuitfade.io import check_outputs, write_text
 from circuitfade.train.recipes import LOCAL_STEPS, build_local_series
-from circuitfade.viz.plots import save_figure
-from circuitfade.viz.screens import TABLES, fraction_figure, run
+from circuitfade.viz.export import save_figure
+from circuitfade.viz.screens import fraction_figure
 from circuitfade.viz.tables import markdown_table
 
 __all__ = ["build_parser", "main", "results_markdown"]
@@ -31,7 +32,7 @@ SECTIONS = (
 
 
 def results_markdown(tables: dict[str, pd.DataFrame], command: str) -> str:
-    """``results.md``: every series-level table of :func:`circuitfade.viz.screens.run`, generated."""
+    """``results.md``: every series-level table of :func:`circuitfade.commands.screen.run`, generated."""
     counts = tables["class_fractions"].pivot(index="step", columns="class", values="count").reset_index()
     counts.columns.name = None
     parts = ["# Developmental screens: measured results", "",

@@ -67,11 +67,11 @@ import pandas as pd
 import torch
 
 from circuitfade.claims import Outcome, Verdict, grade, verdict_table
-from circuitfade.cli import check_count
+from circuitfade.commands.boundary import check_count
 from circuitfade.io import check_outputs, read_json, write_csv, write_json, write_text
 from circuitfade.stats import t_interval  # the one Student-t interval (re-exported here)
 from circuitfade.viz.html import Section, write_page
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.tables import markdown_table
 from studies.history.declaration import DECLARATION, PROVENANCE, RULES, rule_inputs
 from studies.history.declaration import claims as declared_claims
 from studies.history.figures import history_figures

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from circuitfade.train import RunConfig
-from circuitfade.viz.plots import ExportError, save
+from circuitfade.viz.export import ExportError, save
 from studies.paper import protocol as P
 
 __all__ = ["PATHS", "paths_points", "paths_figure", "write_paths_figure"]

@@ -32,7 +32,7 @@ from circuitfade.store import open_run, trace
 from circuitfade.tasks import EVAL_SEED, eval_label
 from circuitfade.train import RunConfig, TrainConfig
 from circuitfade.train.sweep import child_of, run_dir_for
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.tables import markdown_table
 from circuitfade.train.rundir import RunDir
 
 LARGE = LARGE_OVERRIDES  # the paper's larger model, as SoftPriorConfig.large() builds it

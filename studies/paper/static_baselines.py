@@ -43,7 +43,7 @@ from typing import Iterable, Mapping, Sequence
 import pandas as pd
 
 from circuitfade.claims import Outcome
-from circuitfade.cli import check_count
+from circuitfade.commands.boundary import check_count
 from circuitfade.io import write_csv, write_text
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.model.priors import PRIORS

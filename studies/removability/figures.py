@@ -14,7 +14,7 @@ from typing import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from circuitfade.viz.plots import ExportError, save
+from circuitfade.viz.export import ExportError, save
 
 __all__ = ["map_figure", "export_png"]
 

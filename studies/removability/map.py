@@ -63,13 +63,13 @@ import numpy as np
 import pandas as pd
 
 from circuitfade.analysis.continuation import continuation_signal
-from circuitfade.cli import check_count
+from circuitfade.commands.boundary import check_count
 from circuitfade.io import atomic_write, check_outputs, write_json
 from circuitfade.store import open_run
 from circuitfade.tasks import eval_set
 from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
 from circuitfade.train.sweep import EXECUTOR_HELP, EXECUTORS, run_sweep
-from circuitfade.viz.report import markdown_table
+from circuitfade.viz.tables import markdown_table
 from circuitfade.stats import binomial_se, paired_t_interval, spearman, spearman_bootstrap, t_interval
 from circuitfade.claims import Claim, Outcome, Verdict, any_of, at_least, grade, verdict_table
 from circuitfade.train.rundir import CONFIG_FILE, DONE_FILE, METRICS_FILE, RunDir
