@@ -14,21 +14,20 @@ import torch
 from circuitfade import compat
 from circuitfade.analysis import (
     ABLATION_IMPORTANCE,
-    ABLATION_LOSS_INCREASE,
     SUCCESSOR_MASS,
-    NoGatesError,
     consolidation_timeline,
-    describe_gates,
     evaluate,
     gate_intervention_table,
     head_diagnostics,
-    intervention_conditions,
     mean_ablation_importance,
-    per_head_frame,
-    successor_value_mass,
     timeline_long,
     top_heads,
+    successor_mass,
 )
+from circuitfade.analysis.heads import ABLATION_LOSS_INCREASE
+from circuitfade.analysis.gates import describe_gates, intervention_conditions
+from circuitfade.gating import NoGatesError
+from circuitfade.store import per_head_frame
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.tasks import AssocRecall, AssocRecallConfig, Batch, eval_set
 from circuitfade.tasks.base import IGNORE_INDEX
@@ -82,7 +81,7 @@ def copy_circuit():
 def test_successor_mass_singles_out_the_copy_head():
     model = copy_circuit()
     batch = eval_set(CopyTask(0), 256, seed=1)
-    mass = successor_value_mass(model, batch)
+    mass = successor_mass(model, batch)
     assert mass.shape == (2, 3)
     assert mass[0, 1] > 0.999
     assert mass[0, 2] < 1e-6  # attends to itself, never to position 0
@@ -239,9 +238,9 @@ def test_gate_intervention_table_on_planted_position_prior():
     assert acc["both gates zeroed"] == plain["accuracy"]
     assert loss["both gates zeroed"] == pytest.approx(plain["loss"], abs=1e-5)
     # the planted head carries all successor mass only while the position gate is on
-    mass = successor_value_mass(model, batch)
+    mass = successor_mass(model, batch)
     assert mass[0, 0] > 0.999 and mass[0, 1] == pytest.approx(1 / P, abs=1e-6)
-    assert successor_value_mass(model, batch, gates={"pos": 0.0})[0, 0] == pytest.approx(1 / P, abs=1e-6)
+    assert successor_mass(model, batch, gates={"pos": 0.0})[0, 0] == pytest.approx(1 / P, abs=1e-6)
     # a row equals evaluate() under the same override
     r = evaluate(model, task, gates={"pos": 0.0}, batch=batch)
     assert (r["accuracy"], r["condition"]) == (acc["position gate zeroed"], "pos=0")
@@ -279,18 +278,18 @@ def test_bad_input_raises():
         torch.zeros(2, P, dtype=torch.bool), torch.zeros(2, P, P, dtype=torch.bool),
     )  # fmt: skip
     with pytest.raises(ValueError, match="answer position"):
-        successor_value_mass(model, empty)
+        successor_mass(model, empty)
     with pytest.raises(ValueError, match="answer position"):
         mean_ablation_importance(model, task, empty, gates=None)
     batch = eval_set(task, 8)
     with pytest.raises(NoGatesError, match="gates=None"):
         mean_ablation_importance(model, task, batch)  # default gates="zero" on a plain model
     with pytest.raises(ValueError, match="gates=None"):
-        successor_value_mass(model, batch, gates={"pos": 0.0})
+        successor_mass(model, batch, gates={"pos": 0.0})
     with pytest.raises(NoGatesError, match="has no gates"):
         evaluate(model, task, gates="zero", batch=batch)
     with pytest.raises(ValueError, match="Batch"):
-        successor_value_mass(model, batch.tokens)
+        successor_mass(model, batch.tokens)
     with pytest.raises(ValueError, match="unknown gate condition"):
         mean_ablation_importance(planted_soft_prior(), task, batch, gates="off")
     with pytest.raises(ValueError, match="max_batch"):

@@ -20,7 +20,10 @@ from circuitfade.io import CheckpointError, save_tensors
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.store import attach, open_run
 from circuitfade.tasks import eval_set
-from circuitfade.train import CKPT_DIR, EVAL_SEED, RunConfig, TrainConfig, complete_checkpoints, read_metrics
+from circuitfade.train import RunConfig, TrainConfig, read_metrics
+from circuitfade.train.rundir import CKPT_DIR
+from circuitfade.train.checkpoints import complete_checkpoints
+from circuitfade.tasks import EVAL_SEED
 
 torch.set_num_threads(1)
 

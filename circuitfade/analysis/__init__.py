@@ -18,94 +18,61 @@ tensors or tidy DataFrames (main paper Sections 6 and 9).
   stationarity (:func:`fdt_statistic`).
 """
 
-from circuitfade.analysis.edges import (
-    circuit_timeline,
-    edge_attribution,
-    edge_effects,
-    edge_graph,
-    edge_scores,
-    faithfulness_curve,
-    patch_edges,
-)
-from circuitfade.analysis.fdt import (FDTRecorder, displacement_statistic, equipartition, fdt_observation, fdt_statistic,
-                                      grouped_observation)
-from circuitfade.analysis.gates import (
-    PRIOR_LABELS,
-    NoGatesError,
-    condition_metrics,
-    describe_gates,
-    evaluate,
-    gate_intervention_table,
-    intervention_conditions,
-)
-from circuitfade.analysis.heads import (
-    ABLATION_IMPORTANCE,
-    ABLATION_LOSS_INCREASE,
-    SUCCESSOR_MASS,
-    head_diagnostics,
-    head_label,
-    mean_ablation_importance,
-    per_head_frame,
-    successor_mass,
-    successor_value_mass,
-)
+from circuitfade.analysis.edges import circuit_timeline, edge_attribution, edge_scores, faithfulness_curve, patch_edges
+from circuitfade.analysis.fdt import FDTRecorder, equipartition, fdt_statistic
+from circuitfade.analysis.gates import evaluate, gate_intervention_table
+from circuitfade.analysis.heads import head_diagnostics, mean_ablation_importance, successor_mass
 from circuitfade.analysis.patching import mean_replacement, patch_resid, patched_logits
-from circuitfade.analysis.screens import (
-    DEFAULT_THRESHOLDS as SCREEN_THRESHOLDS,
-    bos_score,
-    capability_selectivity,
-    classify_heads,
-    induction_score,
-    previous_token_score,
-)
-from circuitfade.analysis.spectra import elevated_pr, head_output_pr, participation_ratio, weight_pr
-from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, consolidation_timeline, timeline_long, top_heads
+from circuitfade.analysis.screens import bos_score, capability_selectivity, classify_heads, induction_score, previous_token_score
+from circuitfade.analysis.spectra import head_output_pr, participation_ratio, weight_pr
+from circuitfade.analysis.timeline import consolidation_timeline, top_heads
+from circuitfade.compat import deprecated_names
+
+# Imported from here by circuitfade.viz.report; not public (each is public in its own module).
+from circuitfade.analysis.heads import ABLATION_IMPORTANCE, SUCCESSOR_MASS  # noqa: F401
+from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, timeline_long  # noqa: F401
 
 __all__ = [
-    "circuit_timeline",
+    # evaluation under gate conditions (Section 6)
+    "evaluate",
+    "gate_intervention_table",
+    # per-head diagnostics and their timeline (Section 9)
+    "head_diagnostics",
+    "successor_mass",
+    "mean_ablation_importance",
+    "consolidation_timeline",
+    "top_heads",
+    # circuits
     "edge_attribution",
-    "edge_effects",
-    "edge_graph",
     "edge_scores",
-    "faithfulness_curve",
     "patch_edges",
-    "FDTRecorder",
-    "displacement_statistic",
-    "equipartition",
-    "fdt_observation",
-    "grouped_observation",
-    "fdt_statistic",
-    "ABLATION_IMPORTANCE",
-    "ABLATION_LOSS_INCREASE",
-    "DEFAULT_THRESHOLDS",
-    "PRIOR_LABELS",
-    "SUCCESSOR_MASS",
-    "NoGatesError",
-    "SCREEN_THRESHOLDS",
+    "faithfulness_curve",
+    "circuit_timeline",
+    # screens and spectra
+    "induction_score",
+    "previous_token_score",
     "bos_score",
     "capability_selectivity",
     "classify_heads",
-    "elevated_pr",
-    "head_output_pr",
-    "induction_score",
-    "mean_replacement",
     "participation_ratio",
-    "patch_resid",
-    "patched_logits",
-    "previous_token_score",
+    "head_output_pr",
     "weight_pr",
-    "condition_metrics",
-    "consolidation_timeline",
-    "describe_gates",
-    "evaluate",
-    "gate_intervention_table",
-    "head_diagnostics",
-    "head_label",
-    "intervention_conditions",
-    "mean_ablation_importance",
-    "per_head_frame",
-    "successor_mass",
-    "successor_value_mass",
-    "timeline_long",
-    "top_heads",
+    # patching
+    "patched_logits",
+    "patch_resid",
+    "mean_replacement",
+    # the fluctuation-dissipation statistic
+    "FDTRecorder",
+    "fdt_statistic",
+    "equipartition",
 ]
+
+__getattr__ = deprecated_names(__name__, {
+    "successor_value_mass": ("circuitfade.analysis", "successor_mass"),
+    "condition_metrics": ("circuitfade.analysis.gates", "condition_metrics", "circuitfade.analysis.evaluate"),
+    "NoGatesError": ("circuitfade.gating", "NoGatesError"),
+    "head_label": ("circuitfade.store", "head_label"),
+    "per_head_frame": ("circuitfade.store", "per_head_frame"),
+    "SCREEN_THRESHOLDS": ("circuitfade.analysis.screens", "DEFAULT_THRESHOLDS"),
+})
+"""Names of the previous release (a ``DeprecationWarning`` names the replacement)."""

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from circuitfade.analysis.heads import check_batch, gates_context, head_label, mean_ablation_importance
 from circuitfade.tasks import Batch, Task, eval_set
-from circuitfade.train import EVAL_SEED
+from circuitfade.tasks import EVAL_SEED
 
 __all__ = [
     "HEAD_PARAMS",

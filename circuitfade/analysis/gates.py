@@ -28,7 +28,6 @@ from circuitfade.stats import DEFAULT_LEVEL, proportion_interval, ratio_se
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_set
 
 __all__ = [
-    "NoGatesError",
     "PRIOR_LABELS",
     "TABLE_COLUMNS",
     "condition_metrics",

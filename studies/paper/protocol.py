@@ -27,7 +27,7 @@ from circuitfade import stats
 from circuitfade.analysis import DEFAULT_THRESHOLDS, gate_intervention_table, head_diagnostics, timeline_long
 from circuitfade.gating.paths import parse_path
 from circuitfade.io import write_csv
-from circuitfade.model import LARGE_OVERRIDES
+from circuitfade.model.files import LARGE_OVERRIDES
 from circuitfade.store import open_run, trace
 from circuitfade.tasks import EVAL_SEED, eval_label
 from circuitfade.train import RunConfig, TrainConfig

@@ -67,7 +67,8 @@ from circuitfade.cli import check_count
 from circuitfade.io import atomic_write, check_outputs, write_json
 from circuitfade.store import open_run
 from circuitfade.tasks import eval_set
-from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
+from circuitfade.train import RunConfig, TrainConfig
+from circuitfade.tasks import EVAL_SEED
 from circuitfade.train.sweep import EXECUTOR_HELP, EXECUTORS, run_sweep
 from circuitfade.viz.report import markdown_table
 from circuitfade.stats import binomial_se, paired_t_interval, spearman, spearman_bootstrap, t_interval
