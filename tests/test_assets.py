@@ -113,7 +113,7 @@ def test_shipped_series_final_checkpoint_matches_logged_metrics(name):
     batch = eval_set(series.task, n=cfg.train.eval_size, seed=EVAL_SEED)  # the trainer's eval set
     model = series[3600]
     for cond in ("normal", "zero"):
-        r = evaluate(model, series.task, gates=cond, batch=batch)
+        r = evaluate(model, batch, series.task, gates=cond)
         # same weights, same batch: equal up to float noise (at most one example of 512 flips)
         assert abs(r["accuracy"] - last[f"acc_{cond}"]) <= 1 / cfg.train.eval_size + 1e-9, (name, cond)
         assert r["loss"] == pytest.approx(last[f"loss_{cond}"], abs=1e-4), (name, cond)

@@ -152,7 +152,7 @@ def test_all_nan_model_reports_nan_not_zero():
     batch = random_answer_batch(16, torch.Generator().manual_seed(1))
     task = BatchTask(batch)
     assert torch.isnan(successor_mass(model, batch)).all()
-    abl = mean_ablation_importance(model, task, batch, gates=None)
+    abl = mean_ablation_importance(model, batch, task, gates=None)
     assert abl["acc_drop"].isna().all() and abl["loss_increase"].isna().all()
     df = head_diagnostics(model, batch, task)
     assert df["value"].isna().all()

@@ -1,5 +1,15 @@
-"""Analyses of trained models: pure functions ``f(model, batch_or_task, *, ...)`` returning
-tensors or tidy DataFrames (main paper Sections 6 and 9).
+"""Analyses of trained models: pure functions returning tensors or tidy DataFrames (main paper
+Sections 6 and 9).
+
+One argument convention: a model-level analysis is ``f(model, batch, [task,] *, options)``,
+the order :func:`~circuitfade.store.trace` passes a metric's inputs. ``batch`` is the data the
+model runs on: a :class:`~circuitfade.tasks.Batch` (the screens, spectra and patching also take
+plain token ids ``[batch, pos]``; :func:`evaluate` and :func:`gate_intervention_table` also take
+a task, whose evaluation set is used); ``task`` scores it where a loss or accuracy is needed.
+Options are keywords. Exceptions by nature: weight-only analyses (``weight_pr(model)``),
+analyses that build their own inputs (``capability_selectivity(model, *, ...)``), two-model
+patching (``patch_resid(source_model, target_model, batch, ...)``) and the edge analyses, which
+take a clean and a corrupted batch (``edge_scores(model, clean, corrupted, ...)``).
 
 * :mod:`~circuitfade.analysis.gates` - evaluation under gate conditions and the gate
   intervention table (Section 6, Figure 4);

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitfade.analysis.gates import batch_first
 from circuitfade.compat import deprecated_names
 from circuitfade.gating.evaluation import NoGatesError, gate_condition, has_gates
 from circuitfade.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, bootstrap_ratio, bootstrap_weights, percentile_interval
@@ -238,10 +239,11 @@ successor_mass.metric_name = SUCCESSOR_MASS
 
 
 # ------------------------------------------------------------------- mean ablation
+@batch_first
 def mean_ablation_importance(
     model,
-    task: Task,
     batch: Batch,
+    task: Task,
     *,
     gates: str | Mapping | None = "zero",
     max_batch: int | None = None,

@@ -429,7 +429,7 @@ def continuation_rows(runs: pd.DataFrame, roots: Sequence[str | Path], *, k: int
             continue
         task = series.task
         batch = eval_set(task, n, EVAL_SEED)
-        sig = continuation_signal(series[step], task, batch, k=k, gates="zero", importance_gates="normal",
+        sig = continuation_signal(series[step], batch, task, k=k, gates="zero", importance_gates="normal",
                                   n_random=n_random, seed=0)
         rows.append({"run": r.run, "model": r.model, "task": r.task, "steps": r.steps, "path": r.path,
                      "seed": r.seed, "signal_step": int(step), **sig, "acc_zero_final": r.acc_zero})

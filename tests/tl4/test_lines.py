@@ -102,7 +102,7 @@ def test_successor_mass_and_mean_ablation_single_out_the_copy_head():
     assert mass.shape == (2, 3) and mass[0, 1] > 0.999 and mass[0, 2] < 1e-6
     for l, h in ((0, 0), (1, 0), (1, 1), (1, 2)):  # uniform over the 6 positions
         assert mass[l, h] == pytest.approx(1 / P, abs=1e-6)
-    df = mean_ablation_importance(model, task, batch, gates=None)
+    df = mean_ablation_importance(model, batch, task, gates=None)
     assert (df["acc_clean"] == 1.0).all()
     row = df[(df["layer"] == 0) & (df["head"] == 1)].iloc[0]
     assert row["acc_ablated"] <= task.chance + 0.05 and row["loss_increase"] > 0.5
@@ -112,9 +112,9 @@ def test_successor_mass_and_mean_ablation_single_out_the_copy_head():
     tidy = head_diagnostics(model, batch, task, ablation_gates=None)
     assert len(tidy) == 3 * 6 and list(tidy.columns) == ["layer", "head", "metric", "value", "se", "lo", "hi", "boot"]
     # evaluation: a plain model has only the "normal" condition
-    assert evaluate(model, task, batch=batch)["accuracy"] == 1.0
+    assert evaluate(model, batch, task)["accuracy"] == 1.0
     with pytest.raises(NoGatesError):
-        evaluate(model, task, gates="zero", batch=batch)
+        evaluate(model, batch, task, gates="zero")
 
 
 # ------------------------------------------------------------------ planted screen heads
