@@ -132,7 +132,7 @@ def make_figures(series_dirs: dict[str, Path], out: Path, *, n: int, embed: bool
     metrics = {name: read_metrics(d) for name, d in series_dirs.items()}
     gate = metrics["fade600to0"][["step", "gate_pos", "gate_content"]]
     final = unforced[unforced.steps[-1]]
-    interventions = gate_intervention_table(final, unforced.task, batch=eval_set(unforced.task, n=n, seed=EVAL_SEED))
+    interventions = gate_intervention_table(final, eval_set(unforced.task, n=n, seed=EVAL_SEED), unforced.task)
     interventions.insert(0, "step", unforced.steps[-1])
 
     figures = {

@@ -94,7 +94,7 @@ def child_trace(folder: Path, k: int, n: int, pairs: int) -> dict:
 
     @metric(inputs=("model", "batch", "task"))
     def ablation(model, batch, task):
-        df = mean_ablation_importance(model, task, batch, gates=None)
+        df = mean_ablation_importance(model, batch, task, gates=None)
         return df.assign(value=df["loss_increase"])[["layer", "head", "value"]]
 
     series = attach(folder)

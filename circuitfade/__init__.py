@@ -68,7 +68,7 @@ FRONT_DOOR = {
     "attach": "circuitfade.store", "open_run": "circuitfade.store", "trace": "circuitfade.store",
     "example_series": "circuitfade.store.examples",
     # analyses
-    "head_diagnostics": "circuitfade.analysis", "successor_value_mass": "circuitfade.analysis",
+    "head_diagnostics": "circuitfade.analysis", "successor_mass": "circuitfade.analysis",
     "mean_ablation_importance": "circuitfade.analysis", "consolidation_timeline": "circuitfade.analysis",
     "evaluate": "circuitfade.analysis", "gate_intervention_table": "circuitfade.analysis",
     "edge_attribution": "circuitfade.analysis", "circuit_timeline": "circuitfade.analysis",
@@ -84,10 +84,18 @@ MODULES = frozenset({"plots"})
 
 __all__ = ["__version__", *FRONT_DOOR]
 
+DEPRECATED = {"successor_value_mass": ("circuitfade.analysis", "successor_mass")}
+"""Front-door names of the previous release: ``cf.successor_value_mass`` still resolves, with a
+``DeprecationWarning`` naming the replacement (:func:`circuitfade.compat.deprecated_names`)."""
+
 
 def __getattr__(name):  # lazy: ``import circuitfade`` stays cheap
     module = FRONT_DOOR.get(name)
     if module is None:
+        if name in DEPRECATED:
+            from circuitfade.compat import deprecated_names
+
+            return deprecated_names("circuitfade", DEPRECATED)(name, stacklevel=3)
         raise AttributeError(f"module 'circuitfade' has no attribute {name!r}")
     import importlib
 

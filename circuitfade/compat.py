@@ -22,7 +22,9 @@ mode) is used directly by the analysis code; everything that differs is here:
 * :func:`model_from_hf`: a TransformerLens model of a loaded ``transformers`` model
   (local folders, offline);
 * :func:`load_hub_model`: a hub model revision (needs network);
-* :func:`is_tl_model`: whether an object is a TransformerLens model of either line.
+* :func:`is_tl_model`: whether an object is a TransformerLens model of either line;
+* :func:`deprecated_names`: names of the previous release that still resolve, with a
+  ``DeprecationWarning`` naming the replacement, for one release.
 
 The soft-prior model itself works on both lines (:mod:`circuitfade.model`: a
 ``HookedTransformer`` subclass on 3.x, a native ``HookedRootModule`` with the same
@@ -71,6 +73,7 @@ __all__ = [
     "model_from_hf",
     "load_hub_model",
     "is_tl_model",
+    "deprecated_names",
 ]
 
 
@@ -476,3 +479,33 @@ def load_hub_model(model_name: str, revision: str, step: int | None, *, backend:
     bridge = TransformerBridge.boot_transformers(model_name, revision=revision, device=device, dtype=dtype)
     bridge.enable_compatibility_mode(disable_warnings=True, no_processing=not process)
     return bridge.eval()
+
+
+# --------------------------------------------------------------------------------------
+# names of the previous release
+# --------------------------------------------------------------------------------------
+def deprecated_names(module: str, moved: Mapping[str, tuple[str, ...]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that serves ``module``'s names of the previous release.
+
+    ``moved[old] = (home, new)``: ``module.old`` (and ``from module import old``) warns with a
+    ``DeprecationWarning`` naming ``home.new`` and returns that object. ``(home, new, instead)``:
+    returns ``home.new`` (the object the old name was, still importable from its module) and the
+    warning names ``instead``, the public name to use. The old names are in no ``__all__`` and
+    will be removed in the next release. Any other missing name raises
+    ``AttributeError`` as usual (so ``from package import submodule`` still imports it)::
+
+        __getattr__ = deprecated_names(__name__, {"successor_value_mass": ("circuitfade.analysis", "successor_mass")})
+    """
+    def __getattr__(name: str, stacklevel: int = 2) -> Any:
+        if name not in moved:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        home, new, *instead = moved[name]
+        import warnings
+
+        use = instead[0] if instead else f"{home}.{new}"
+        warnings.warn(f"{module}.{name} is deprecated and will be removed in the next release; use {use}",
+                      DeprecationWarning, stacklevel=stacklevel)
+        return getattr(importlib.import_module(home), new)
+
+    __getattr__.moved = dict(moved)
+    return __getattr__

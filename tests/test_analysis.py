@@ -13,22 +13,22 @@ import torch
 
 from circuitfade import compat
 from circuitfade.analysis import (
+    previous_token_score,
     ABLATION_IMPORTANCE,
-    ABLATION_LOSS_INCREASE,
     SUCCESSOR_MASS,
-    NoGatesError,
     consolidation_timeline,
-    describe_gates,
     evaluate,
     gate_intervention_table,
     head_diagnostics,
-    intervention_conditions,
     mean_ablation_importance,
-    per_head_frame,
-    successor_value_mass,
     timeline_long,
     top_heads,
+    successor_mass,
 )
+from circuitfade.analysis.heads import ABLATION_LOSS_INCREASE
+from circuitfade.analysis.gates import describe_gates, intervention_conditions
+from circuitfade.gating import NoGatesError
+from circuitfade.store import per_head_frame
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.tasks import AssocRecall, AssocRecallConfig, Batch, eval_set
 from circuitfade.tasks.base import IGNORE_INDEX
@@ -82,7 +82,7 @@ def copy_circuit():
 def test_successor_mass_singles_out_the_copy_head():
     model = copy_circuit()
     batch = eval_set(CopyTask(0), 256, seed=1)
-    mass = successor_value_mass(model, batch)
+    mass = successor_mass(model, batch)
     assert mass.shape == (2, 3)
     assert mass[0, 1] > 0.999
     assert mass[0, 2] < 1e-6  # attends to itself, never to position 0
@@ -90,10 +90,27 @@ def test_successor_mass_singles_out_the_copy_head():
         assert mass[l, h] == pytest.approx(1 / P, abs=1e-6)
 
 
+def test_one_argument_order_and_the_previous_one_still_read_with_a_warning():
+    """Model-level analyses take (model, batch, task); the previous release's (model, task, batch) and
+    (model, task, batch=batch) give the same result for one release, with a DeprecationWarning."""
+    model, task = copy_circuit(), CopyTask(0)
+    batch = eval_set(task, 64, seed=1)
+    now = mean_ablation_importance(model, batch, task, gates=None)
+    with pytest.warns(DeprecationWarning, match=r"mean_ablation_importance\(model, batch, task\)"):
+        before = mean_ablation_importance(model, task, batch, gates=None)
+    pd.testing.assert_frame_equal(now, before)
+    with pytest.warns(DeprecationWarning, match=r"evaluate\(model, batch, task\)"):
+        assert evaluate(model, task, batch=batch) == evaluate(model, batch, task)
+    assert evaluate(model, task, n=64, seed=1) == evaluate(model, batch, task)  # a task: its evaluation set
+    with pytest.raises(ValueError, match="task= must not be given"):
+        evaluate(model, task, task)
+    assert torch.equal(previous_token_score(model, batch), previous_token_score(model, batch.tokens))
+
+
 def test_mean_ablation_singles_out_the_copy_head():
     model, task = copy_circuit(), CopyTask(0)
     batch = eval_set(task, 256, seed=1)
-    df = mean_ablation_importance(model, task, batch, gates=None)
+    df = mean_ablation_importance(model, batch, task, gates=None)
     assert list(df.columns[:6]) == ["layer", "head", "acc_drop", "loss_increase", "acc_clean", "acc_ablated"]
     assert list(zip(df["layer"], df["head"])) == [(l, h) for l in range(2) for h in range(3)]
     assert (df["acc_clean"] == 1.0).all()
@@ -171,8 +188,8 @@ def test_batched_ablation_equals_naive_loop_on_random_model():
     ref = naive_ablation(model, task, batch)
     assert any(abs(v[0]) > 0 for v in ref.values())  # the comparison is not vacuous
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    assert_matches_naive(mean_ablation_importance(model, task, batch, gates=None), ref)
-    assert_matches_naive(mean_ablation_importance(model, task, batch, gates=None, max_batch=64), ref)
+    assert_matches_naive(mean_ablation_importance(model, batch, task, gates=None), ref)
+    assert_matches_naive(mean_ablation_importance(model, batch, task, gates=None, max_batch=64), ref)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not model.training
 
@@ -188,12 +205,12 @@ def test_batched_ablation_equals_naive_loop_on_soft_prior_model_at_zero_gate():
             p.mul_(3.0)
     model.train()  # the analysis must restore this
     batch = eval_set(task, 48, seed=4)
-    df = mean_ablation_importance(model, task, batch)  # default gates="zero"
+    df = mean_ablation_importance(model, batch, task)  # default gates="zero"
     assert_matches_naive(df, naive_ablation(model, task, batch, {"pos": 0.0, "content": 0.0}))
-    df_normal = mean_ablation_importance(model, task, batch, gates="normal")
+    df_normal = mean_ablation_importance(model, batch, task, gates="normal")
     assert_matches_naive(df_normal, naive_ablation(model, task, batch))
     assert model.training
-    clean_zero = evaluate(model, task, gates="zero", batch=batch)["accuracy"]
+    clean_zero = evaluate(model, batch, task, gates="zero")["accuracy"]
     assert df["acc_clean"].iloc[0] == pytest.approx(clean_zero, abs=1e-12)
 
 
@@ -223,7 +240,7 @@ def planted_soft_prior(content: bool = False) -> SoftPriorTransformer:
 def test_gate_intervention_table_on_planted_position_prior():
     model, task = planted_soft_prior(), CopyTask(src=P - 2)
     batch = eval_set(task, 256, seed=5)
-    table = gate_intervention_table(model, task, batch=batch)
+    table = gate_intervention_table(model, batch, task)
     assert list(table.columns) == ["condition", "gates", "accuracy", "accuracy_se", "accuracy_lo", "accuracy_hi",
                                    "loss", "loss_se", "n_answers"]
     assert (table["accuracy_lo"] <= table["accuracy"]).all() and (table["accuracy"] <= table["accuracy_hi"]).all()
@@ -235,15 +252,15 @@ def test_gate_intervention_table_on_planted_position_prior():
     assert acc["position gate zeroed"] < 0.5  # uniform attention: argmax is a tie among context tokens
     assert acc["content gate zeroed"] == acc["normal"]  # W_cq = 0: the content gate multiplies zero
     assert loss["content gate zeroed"] == pytest.approx(loss["normal"], abs=1e-6)
-    plain = evaluate(model.to_plain_model(), task, batch=batch)
+    plain = evaluate(model.to_plain_model(), batch, task)
     assert acc["both gates zeroed"] == plain["accuracy"]
     assert loss["both gates zeroed"] == pytest.approx(plain["loss"], abs=1e-5)
     # the planted head carries all successor mass only while the position gate is on
-    mass = successor_value_mass(model, batch)
+    mass = successor_mass(model, batch)
     assert mass[0, 0] > 0.999 and mass[0, 1] == pytest.approx(1 / P, abs=1e-6)
-    assert successor_value_mass(model, batch, gates={"pos": 0.0})[0, 0] == pytest.approx(1 / P, abs=1e-6)
+    assert successor_mass(model, batch, gates={"pos": 0.0})[0, 0] == pytest.approx(1 / P, abs=1e-6)
     # a row equals evaluate() under the same override
-    r = evaluate(model, task, gates={"pos": 0.0}, batch=batch)
+    r = evaluate(model, batch, task, gates={"pos": 0.0})
     assert (r["accuracy"], r["condition"]) == (acc["position gate zeroed"], "pos=0")
     assert r["loss"] == pytest.approx(loss["position gate zeroed"], abs=1e-7)
 
@@ -251,8 +268,8 @@ def test_gate_intervention_table_on_planted_position_prior():
 def test_gate_table_content_matters_when_planted_and_eval_set_default():
     model, task = planted_soft_prior(content=True), CopyTask(src=P - 2)
     default = evaluate(model, task, gates="normal", n=64)
-    assert default == evaluate(model, task, batch=eval_set(task, 64))
-    assert evaluate(model, task, n=64, seed=7) == evaluate(model, task, batch=eval_set(task, 64, 7))
+    assert default == evaluate(model, eval_set(task, 64), task)
+    assert evaluate(model, task, n=64, seed=7) == evaluate(model, eval_set(task, 64, 7), task)
     table = gate_intervention_table(model, task, n=64)
     loss = dict(zip(table["condition"], table["loss"]))
     # with the position gate off, only the (planted, nonzero) content bias routes attention
@@ -279,22 +296,22 @@ def test_bad_input_raises():
         torch.zeros(2, P, dtype=torch.bool), torch.zeros(2, P, P, dtype=torch.bool),
     )  # fmt: skip
     with pytest.raises(ValueError, match="answer position"):
-        successor_value_mass(model, empty)
+        successor_mass(model, empty)
     with pytest.raises(ValueError, match="answer position"):
-        mean_ablation_importance(model, task, empty, gates=None)
+        mean_ablation_importance(model, empty, task, gates=None)
     batch = eval_set(task, 8)
     with pytest.raises(NoGatesError, match="gates=None"):
-        mean_ablation_importance(model, task, batch)  # default gates="zero" on a plain model
+        mean_ablation_importance(model, batch, task)  # default gates="zero" on a plain model
     with pytest.raises(ValueError, match="gates=None"):
-        successor_value_mass(model, batch, gates={"pos": 0.0})
+        successor_mass(model, batch, gates={"pos": 0.0})
     with pytest.raises(NoGatesError, match="has no gates"):
-        evaluate(model, task, gates="zero", batch=batch)
+        evaluate(model, batch, task, gates="zero")
     with pytest.raises(ValueError, match="Batch"):
-        successor_value_mass(model, batch.tokens)
+        successor_mass(model, batch.tokens)
     with pytest.raises(ValueError, match="unknown gate condition"):
-        mean_ablation_importance(planted_soft_prior(), task, batch, gates="off")
+        mean_ablation_importance(planted_soft_prior(), batch, task, gates="off")
     with pytest.raises(ValueError, match="max_batch"):
-        mean_ablation_importance(model, task, batch, gates=None, max_batch=0)
+        mean_ablation_importance(model, batch, task, gates=None, max_batch=0)
 
 
 # ------------------------------------------------------------------ timeline

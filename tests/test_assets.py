@@ -20,7 +20,10 @@ from circuitfade.io import CheckpointError, save_tensors
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.store import attach, open_run
 from circuitfade.tasks import eval_set
-from circuitfade.train import CKPT_DIR, EVAL_SEED, RunConfig, TrainConfig, complete_checkpoints, read_metrics
+from circuitfade.train import RunConfig, TrainConfig, read_metrics
+from circuitfade.train.rundir import CKPT_DIR
+from circuitfade.train.checkpoints import complete_checkpoints
+from circuitfade.tasks import EVAL_SEED
 
 torch.set_num_threads(1)
 
@@ -110,7 +113,7 @@ def test_shipped_series_final_checkpoint_matches_logged_metrics(name):
     batch = eval_set(series.task, n=cfg.train.eval_size, seed=EVAL_SEED)  # the trainer's eval set
     model = series[3600]
     for cond in ("normal", "zero"):
-        r = evaluate(model, series.task, gates=cond, batch=batch)
+        r = evaluate(model, batch, series.task, gates=cond)
         # same weights, same batch: equal up to float noise (at most one example of 512 flips)
         assert abs(r["accuracy"] - last[f"acc_{cond}"]) <= 1 / cfg.train.eval_size + 1e-9, (name, cond)
         assert r["loss"] == pytest.approx(last[f"loss_{cond}"], abs=1e-4), (name, cond)

@@ -114,7 +114,7 @@ def hand_gradient(model, batch: Batch) -> tuple[np.ndarray, float]:
 def test_head_gradient_norms_equal_the_hand_computed_gradient():
     model = planted(0)
     batch = eval_set(TASK, 64, seed=3)
-    sq, total = head_gradient_norms(model, TASK, batch, gates=None)
+    sq, total = head_gradient_norms(model, batch, TASK, gates=None)
     ref_sq, ref_total = hand_gradient(model, batch)
     assert ref_sq.min() > 1e-8  # every head gets gradient: the check is not vacuous
     np.testing.assert_allclose(sq.numpy(), ref_sq, rtol=1e-5)
@@ -127,7 +127,7 @@ def test_projection_on_a_given_circuit_equals_hand_computed():
     batch = eval_set(TASK, 64, seed=4)
     circuit = [(0, 1), (1, 2)]
     ref_sq, ref_total = hand_gradient(model, batch)
-    sig = continuation_signal(model, TASK, batch, heads=circuit, gates=None, n_random=0)
+    sig = continuation_signal(model, batch, TASK, heads=circuit, gates=None, n_random=0)
     ref_norm = math.sqrt(ref_sq[0, 1] + ref_sq[1, 2])
     assert sig["heads"] == "L0H1+L1H2" and sig["k"] == 2
     assert sig["circuit_norm"] == pytest.approx(ref_norm, rel=1e-5)
@@ -145,15 +145,15 @@ def test_random_baseline_when_only_the_circuit_receives_gradient():
     # so a random single head has the circuit's share with probability 1/6 and share 0 otherwise
     model = planted(2, circuit=((1, 0),), others_write=False)
     batch = eval_set(TASK, 64, seed=5)
-    sq, _ = head_gradient_norms(model, TASK, batch, gates=None)
+    sq, _ = head_gradient_norms(model, batch, TASK, gates=None)
     assert (sq > 0).sum() == 1 and sq[1, 0] > 0
-    sig = continuation_signal(model, TASK, batch, heads=[(1, 0)], gates=None, n_random=600, seed=0)
+    sig = continuation_signal(model, batch, TASK, heads=[(1, 0)], gates=None, n_random=600, seed=0)
     assert 0.12 < sig["p_random"] < 0.22  # ~ Binomial(600, 1/6) / 600
     assert sig["random_mean"] == pytest.approx(sig["circuit_share"] * sig["p_random"], rel=1e-9)
     assert sig["share_ratio"] == pytest.approx(1 / sig["p_random"], rel=1e-9)
-    again = continuation_signal(model, TASK, batch, heads=[(1, 0)], gates=None, n_random=600, seed=0)
+    again = continuation_signal(model, batch, TASK, heads=[(1, 0)], gates=None, n_random=600, seed=0)
     assert again == sig  # seeded baseline
-    other = continuation_signal(model, TASK, batch, heads=[(0, 0)], gates=None, n_random=50)
+    other = continuation_signal(model, batch, TASK, heads=[(0, 0)], gates=None, n_random=50)
     assert other["circuit_norm"] == 0.0 and other["p_random"] == 1.0
 
 
@@ -186,17 +186,17 @@ def copy_model():
 def test_default_circuit_is_the_most_important_head():
     task, model = CopyTask(), copy_model()
     batch = eval_set(task, 128, seed=1)
-    assert circuit_heads(model, task, batch, k=1, gates=None) == [(0, 2)]
-    assert circuit_heads(model, task, batch, k=2, gates=None)[0] == (0, 2)
+    assert circuit_heads(model, batch, task, k=1, gates=None) == [(0, 2)]
+    assert circuit_heads(model, batch, task, k=2, gates=None)[0] == (0, 2)
 
 
 @NEEDS_PER_HEAD_PARAMETERS
 def test_continuation_signal_defaults_to_the_most_important_head():
     task, model = CopyTask(), copy_model()
     batch = eval_set(task, 128, seed=1)
-    sig = continuation_signal(model, task, batch, k=1, gates=None, importance_gates=None, n_random=10)
+    sig = continuation_signal(model, batch, task, k=1, gates=None, importance_gates=None, n_random=10)
     assert sig["heads"] == "L0H2"
-    given = continuation_signal(model, task, batch, heads=[(0, 2)], gates=None, n_random=10)
+    given = continuation_signal(model, batch, task, heads=[(0, 2)], gates=None, n_random=10)
     assert given["circuit_norm"] == sig["circuit_norm"]
 
 
@@ -214,7 +214,7 @@ def test_soft_prior_model_backbone_only_and_untouched():
     model = soft_prior_model()
     model.train()
     batch = eval_set(TASK, 32, seed=6)
-    sq, total = head_gradient_norms(model, TASK, batch)  # default: zero gates
+    sq, total = head_gradient_norms(model, batch, TASK)  # default: zero gates
     assert model.training and all(p.grad is None for p in model.parameters())
     prior = {n for n, _ in model.prior_parameters()}
     assert prior and not (prior & set(backbone_parameters(model)))
@@ -231,7 +231,7 @@ def test_soft_prior_model_backbone_only_and_untouched():
                       for w in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"))
             assert float(sq[l, h]) == pytest.approx(ref, rel=1e-9)
     # the gates matter: at the learned gates the gradient differs
-    sq_normal, _ = head_gradient_norms(model, TASK, batch, gates="normal")
+    sq_normal, _ = head_gradient_norms(model, batch, TASK, gates="normal")
     assert not torch.allclose(sq, sq_normal)
 
 
@@ -273,15 +273,15 @@ def test_bad_input():
     model = planted(0)
     batch = eval_set(TASK, 8)
     with pytest.raises(ValueError, match="outside the model"):
-        continuation_signal(model, TASK, batch, heads=[(2, 0)], gates=None)
+        continuation_signal(model, batch, TASK, heads=[(2, 0)], gates=None)
     with pytest.raises(ValueError, match="duplicate"):
-        continuation_signal(model, TASK, batch, heads=[(0, 0), (0, 0)], gates=None)
+        continuation_signal(model, batch, TASK, heads=[(0, 0), (0, 0)], gates=None)
     with pytest.raises(ValueError, match="at least one"):
-        continuation_signal(model, TASK, batch, heads=[], gates=None)
+        continuation_signal(model, batch, TASK, heads=[], gates=None)
     with pytest.raises(ValueError, match="exceeds"):
-        circuit_heads(model, TASK, batch, k=7, gates=None)
+        circuit_heads(model, batch, TASK, k=7, gates=None)
     with pytest.raises(ValueError, match="n_random"):
-        continuation_signal(model, TASK, batch, heads=[(0, 0)], gates=None, n_random=-1)
+        continuation_signal(model, batch, TASK, heads=[(0, 0)], gates=None, n_random=-1)
     series = CheckpointSeries([Snapshot(0, lambda: model, "m")])
     with pytest.raises(ValueError, match="no task"):
         continuation_trace(series)
@@ -290,4 +290,4 @@ def test_bad_input():
 @NEEDS_PER_HEAD_PARAMETERS
 def test_zero_gates_are_refused_on_a_plain_model():
     with pytest.raises(NoGatesError):
-        head_gradient_norms(planted(0), TASK, eval_set(TASK, 8))  # plain model: zero gates do not apply
+        head_gradient_norms(planted(0), eval_set(TASK, 8), TASK)  # plain model: zero gates do not apply

@@ -550,7 +550,7 @@ def test_run_on_a_small_local_run(tmp_path):
 
 def test_local_run_config_checkpoints():
     from circuitfade.train.recipes import local_run_config, log_checkpoints
-    from circuitfade.train import checkpoint_steps
+    from circuitfade.train.config import checkpoint_steps
 
     assert log_checkpoints(1000, 4) == (10, 46, 215, 1000)
     cfg = local_run_config(300)

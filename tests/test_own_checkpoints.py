@@ -20,16 +20,10 @@ from circuitfade.compat import make_config, plain_model
 from circuitfade import compat
 from circuitfade.analysis import consolidation_timeline, head_diagnostics
 from circuitfade.io import MODEL_STATE_KEYS, CheckpointError, read_header
-from circuitfade.store import (
-    NAMING_SCHEMES,
-    TL39_ONLY_DEFAULTS,
-    attach,
-    load_trace,
-    progress_bar,
-    save_trace,
-    step_from_name,
-    trace,
-)
+from circuitfade.store import attach, load_trace, save_trace, step_from_name, trace
+from circuitfade.store.sources import NAMING_SCHEMES
+from circuitfade.store.tracing import progress_bar
+from circuitfade.compat import TL39_ONLY_DEFAULTS
 from circuitfade.commands.analyze import analyze_main
 from circuitfade.tasks import eval_set
 from circuitfade.viz import export, plots

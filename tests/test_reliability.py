@@ -20,18 +20,9 @@ import circuitfade.train.rundir as rundir
 import circuitfade.train.lock as locking
 import circuitfade.train.loop as training
 from circuitfade.io import CheckpointError, atomic_write, load_tensors
-from circuitfade.train import (
-    RunConfig,
-    TrainConfig,
-    TrainingDiverged,
-    branch,
-    branch_config,
-    clone_run,
-    complete_checkpoints,
-    fit,
-    new_run,
-    train,
-)
+from circuitfade.train import RunConfig, TrainConfig, TrainingDiverged, branch, clone_run, fit, new_run, train
+from circuitfade.train.loop import branch_config
+from circuitfade.train.checkpoints import complete_checkpoints
 
 TINY = dict(steps=10, eval_every=5, checkpoint_every=5, eval_size=32, batch_size=8)
 

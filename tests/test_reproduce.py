@@ -23,7 +23,7 @@ def test_budget_scales_paper_paths():
 
 
 def test_large_model_has_one_copy():
-    from circuitfade.analysis import DEFAULT_THRESHOLDS
+    from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS
     from circuitfade.model import SoftPriorConfig
 
     assert dict(P.LARGE) == {"n_layers": 4, "d_model": 128, "d_head": 32, "n_heads": 4}

@@ -16,16 +16,8 @@ from circuitfade import compat
 from circuitfade.gating.evaluation import evaluate_batch
 from circuitfade.io import CheckpointError, load_tensors
 from circuitfade.gating.paths import parse_path
-from circuitfade.store import (
-    CheckpointSeries,
-    NoGates,
-    Snapshot,
-    attach,
-    load_hf_local,
-    metric,
-    open_run,
-    trace,
-)
+from circuitfade.store import CheckpointSeries, Snapshot, attach, load_hf_local, metric, open_run, trace
+from circuitfade.gating import NoGatesError as NoGates
 from circuitfade.train import RunConfig, TrainConfig, read_metrics, train
 
 torch.set_num_threads(1)

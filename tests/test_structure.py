@@ -515,3 +515,206 @@ def test_the_front_door_gives_each_name_once_and_stays_cheap():
     r = subprocess.run([_sys.executable, "-c", "import sys, circuitfade; print('torch' in sys.modules)"],
                        capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------------------ the public surface
+PUBLIC_PACKAGES = ("circuitfade.analysis", "circuitfade.gating", "circuitfade.model", "circuitfade.store",
+                   "circuitfade.tasks", "circuitfade.train")
+"""The subpackages whose ``__init__`` ``__all__`` is public (with the front door, ``circuitfade.__all__``)."""
+PUBLIC_LIMIT = 120
+"""The most public names the package may have (:func:`_public_names`)."""
+
+
+def _module_path(module: str, root: Path) -> Path | None:
+    base = root.joinpath(*module.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def _bindings(module: str, root: Path) -> dict[str, tuple]:
+    """What each top-level name of ``module`` is bound to: ``("def",)`` (a def, class or assignment of an
+    expression), ``("from", module, name)`` (an import), ``("alias", name)`` (``a = b``: another name of this
+    module)."""
+    path = _module_path(module, root)
+    if path is None:
+        return {}
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out: dict[str, tuple] = {}
+    body = list(ast.parse(path.read_text()).body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, (ast.If, ast.Try)):
+            body[:0] = node.body
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out[node.name] = ("def",)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                src = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                src = node.module or ""
+            for a in node.names:
+                out[a.asname or a.name] = ("from", src, a.name)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            out[node.targets[0].id] = ("alias", value.id) if isinstance(value, ast.Name) else ("def",)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[node.target.id] = ("def",)
+    return out
+
+
+def _definition(module: str, name: str, root: Path = ROOT) -> str:
+    """``module.name`` of the object that ``module``'s ``name`` is, following imports and ``a = b`` to the
+    module that defines it (a submodule imported as a name is that module)."""
+    for _ in range(20):
+        if _module_path(f"{module}.{name}", root) is not None and name not in _bindings(module, root):
+            return f"{module}.{name}"
+        b = _bindings(module, root).get(name, ("def",))
+        if b[0] == "def":
+            return f"{module}.{name}"
+        if b[0] == "alias":
+            name = b[1]
+        elif not b[1].startswith(TOP):
+            return f"{b[1]}.{b[2]}"
+        else:
+            module, name = b[1], b[2]
+    raise AssertionError(f"{module}.{name}: imports go round in circles")
+
+
+def _literal(module: str, name: str, root: Path):
+    path = _module_path(module, root)
+    for node in ast.parse(path.read_text()).body if path is not None else ():
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            value = node.value
+            if isinstance(value, ast.Call) and getattr(value.func, "id", "") in ("frozenset", "set", "tuple", "list"):
+                value = value.args[0] if value.args else ast.List(elts=[])
+            if isinstance(value, ast.List):  # ["__version__", *FRONT_DOOR]: the keys of FRONT_DOOR
+                return [x for e in value.elts for x in
+                        (_literal(module, e.value.id, root) if isinstance(e, ast.Starred) else [ast.literal_eval(e)])]
+            return ast.literal_eval(value)
+    return None
+
+
+def _public_names(root: Path = ROOT) -> dict[str, str]:
+    """Every public name, as ``{"place.name": "defining_module.defining_name"}``.
+
+    A public name is (1) a name of the ``__all__`` of a subpackage in :data:`PUBLIC_PACKAGES`
+    (``circuitfade.analysis.evaluate``), or (2) a name of the front door, ``circuitfade.__all__``
+    (``cf.Claim``), dunder names (``__version__``) aside. A front-door name that :data:`FRONT_DOOR` maps to a
+    public subpackage exporting it is that subpackage's public name, not a second one (``cf.trace`` is
+    ``circuitfade.store.trace``); mapped anywhere else, the front door is its one place. The ``__all__`` of
+    a module that is no such package (``circuitfade.analysis.heads``, ``circuitfade.stats``) says what the
+    module's reference page shows; its names are importable from there but are not counted (a module's
+    ``__all__``)."""
+    out: dict[str, str] = {}
+    exported = {pkg: _literal(pkg, "__all__", root) or [] for pkg in PUBLIC_PACKAGES}
+    for pkg, names in exported.items():
+        for name in names:
+            out[f"{pkg}.{name}"] = _definition(pkg, name, root)
+    front = _literal("circuitfade", "FRONT_DOOR", root) or {}
+    modules = _literal("circuitfade", "MODULES", root) or ()
+    for name in _literal("circuitfade", "__all__", root) or []:
+        if name.startswith("__"):
+            continue
+        home = front.get(name, "circuitfade")
+        if home in exported and name in exported[home]:
+            continue
+        out[f"circuitfade.{name}"] = home if name in modules else _definition(home, name, root)
+    return out
+
+
+def _export_problems(public: dict[str, str]) -> list[str]:
+    """An object exported under a name not its own (an alias) or from more than one place."""
+    out = []
+    by_object: dict[str, list[str]] = {}
+    for name, obj in public.items():
+        by_object.setdefault(obj, []).append(name)
+        if name.rsplit(".", 1)[1] != obj.rsplit(".", 1)[1]:
+            out.append(f"{name} is another name of {obj}")
+    out += [f"{obj} is exported as {', '.join(sorted(names))}" for obj, names in by_object.items() if len(names) > 1]
+    return sorted(out)
+
+
+def test_the_public_surface_is_small_and_each_name_has_one_place():
+    """The package's public names (:func:`_public_names`, the definition docs/api/index.md states) number at
+    most :data:`PUBLIC_LIMIT`; none is an alias of another; no object is public in two places."""
+    public = _public_names()
+    assert len(public) <= PUBLIC_LIMIT, f"{len(public)} public names (at most {PUBLIC_LIMIT})"
+    assert not _export_problems(public), _export_problems(public)
+
+
+def test_the_public_surface_checkers_see_planted_violations(tmp_path):
+    pkg = tmp_path / "circuitfade"
+    (pkg / "analysis").mkdir(parents=True)
+    (pkg / "store").mkdir()
+    (pkg / "__init__.py").write_text(
+        'FRONT_DOOR = {"trace": "circuitfade.store", "mass": "circuitfade.analysis.heads", '
+        '"head_label": "circuitfade.store.tracing", "heads": "circuitfade.analysis.heads"}\n'
+        'MODULES = frozenset({"heads"})\n__all__ = ["__version__", *FRONT_DOOR]\n')
+    (pkg / "store" / "tracing.py").write_text('__all__ = ["trace", "head_label"]\n'
+                                              "def trace(): ...\ndef head_label(): ...\n")
+    (pkg / "store" / "__init__.py").write_text('from .tracing import trace, head_label\n'
+                                               '__all__ = ["trace", "head_label"]\n')
+    (pkg / "analysis" / "heads.py").write_text(
+        'from circuitfade.store.tracing import head_label\n'
+        '__all__ = ["mass", "value_mass", "head_label"]\n'
+        'def mass(): ...\nvalue_mass = mass\n')
+    (pkg / "analysis" / "__init__.py").write_text(
+        'from circuitfade.analysis.heads import mass, value_mass, head_label as label\n'
+        '__all__ = ["mass", "value_mass", "label"]\n')
+    public = _public_names(tmp_path)
+    assert public == {
+        "circuitfade.analysis.mass": "circuitfade.analysis.heads.mass",
+        "circuitfade.analysis.value_mass": "circuitfade.analysis.heads.mass",
+        "circuitfade.analysis.label": "circuitfade.store.tracing.head_label",
+        "circuitfade.store.trace": "circuitfade.store.tracing.trace",  # cf.trace: the same public name
+        "circuitfade.store.head_label": "circuitfade.store.tracing.head_label",
+        "circuitfade.mass": "circuitfade.analysis.heads.mass",  # mapped to a module, not to the package
+        "circuitfade.head_label": "circuitfade.store.tracing.head_label",
+        "circuitfade.heads": "circuitfade.analysis.heads",
+    }
+    assert _export_problems(public) == [
+        "circuitfade.analysis.heads.mass is exported as circuitfade.analysis.mass, circuitfade.analysis.value_mass, "
+        "circuitfade.mass",
+        "circuitfade.analysis.label is another name of circuitfade.store.tracing.head_label",
+        "circuitfade.analysis.value_mass is another name of circuitfade.analysis.heads.mass",
+        "circuitfade.store.tracing.head_label is exported as circuitfade.analysis.label, circuitfade.head_label, "
+        "circuitfade.store.head_label",
+    ]
+    assert len(public) == 8  # the count the limit is checked on
+
+
+def test_the_limit_checker_fires_above_the_limit(monkeypatch):
+    import tests.test_structure as me
+
+    monkeypatch.setattr(me, "PUBLIC_LIMIT", len(_public_names()) - 1)
+    with pytest.raises(AssertionError, match="public names"):
+        me.test_the_public_surface_is_small_and_each_name_has_one_place()
+
+
+def test_a_name_of_the_previous_release_warns_and_resolves_to_its_replacement():
+    """Names users may hold from the README, docs or tutorials of the previous release resolve for one
+    release, with a ``DeprecationWarning`` naming the replacement; they are in no ``__all__``."""
+    import circuitfade as cf
+    import circuitfade.analysis as analysis
+    import circuitfade.gating as gating
+    import circuitfade.store as store
+    from circuitfade.gating.evaluation import evaluate_batch
+
+    with pytest.warns(DeprecationWarning, match=r"circuitfade\.analysis\.successor_value_mass .*"
+                                                r"use circuitfade\.analysis\.successor_mass"):
+        old = analysis.successor_value_mass
+    assert old is analysis.successor_mass and "successor_value_mass" not in analysis.__all__
+    with pytest.warns(DeprecationWarning, match="use circuitfade.analysis.successor_mass"):
+        assert cf.successor_value_mass is cf.successor_mass
+    with pytest.warns(DeprecationWarning, match="use circuitfade.gating.NoGatesError"):
+        from circuitfade.store import NoGates
+    assert NoGates is gating.NoGatesError
+    with pytest.warns(DeprecationWarning, match="use circuitfade.analysis.evaluate"):
+        assert gating.evaluate_batch is evaluate_batch  # the trainer's form, still importable from its module
+    with pytest.raises(AttributeError, match="no_such_name"):
+        store.no_such_name
+    for m in (analysis, gating, store):
+        assert not set(m.__getattr__.moved) & set(m.__all__), m.__name__

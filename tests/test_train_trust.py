@@ -22,16 +22,9 @@ from safetensors.torch import save_file
 
 import circuitfade.train.rundir as rundir
 from circuitfade.io import CHECKSUM_KEY, CheckpointError, save_tensors, verify_checksum
-from circuitfade.train import (
-    RunConfig,
-    TrainConfig,
-    checkpoint_steps,
-    complete_checkpoints,
-    fit,
-    is_checkpoint_step,
-    new_run,
-    train,
-)
+from circuitfade.train import RunConfig, TrainConfig, fit, new_run, train
+from circuitfade.train.config import checkpoint_steps, is_checkpoint_step
+from circuitfade.train.checkpoints import complete_checkpoints
 
 CFG = RunConfig(path="fade3+3->0", seed=5,
                 train=TrainConfig(steps=10, eval_every=5, checkpoint_every=5, eval_size=32, batch_size=8))

@@ -10,7 +10,8 @@ import torch
 
 import circuitfade.train.loop as training
 from circuitfade.io import CheckpointError, load_tensors
-from circuitfade.train import RunConfig, TrainConfig, branch, complete_checkpoints, read_metrics, train
+from circuitfade.train import RunConfig, TrainConfig, branch, read_metrics, train
+from circuitfade.train.checkpoints import complete_checkpoints
 
 SMALL = dict(steps=40, eval_every=10, checkpoint_every=10, eval_size=64, batch_size=16)
 

@@ -43,9 +43,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from circuitfade.analysis.gates import batch_first
 from circuitfade.analysis.heads import check_batch, gates_context, head_label, mean_ablation_importance
-from circuitfade.tasks import Batch, Task, eval_set
-from circuitfade.train import EVAL_SEED
+from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
 
 __all__ = [
     "HEAD_PARAMS",
@@ -111,8 +111,9 @@ def _norm_heads(model, heads) -> list[tuple[int, int]]:
     return out
 
 
+@batch_first
 def head_gradient_norms(
-    model, task: Task, batch: Batch, *, gates: str | Mapping | None = "zero"
+    model, batch: Batch, task: Task, *, gates: str | Mapping | None = "zero"
 ) -> tuple[Tensor, float]:
     """``(sq[layer, head], total_sq)``: squared norm of the loss gradient restricted to
     each head's parameter slices, and the squared norm of the whole backbone gradient.
@@ -144,8 +145,9 @@ def head_gradient_norms(
     return sq, total
 
 
+@batch_first
 def circuit_heads(
-    model, task: Task, batch: Batch, k: int = 2, *, gates: str | Mapping | None = "normal"
+    model, batch: Batch, task: Task, k: int = 2, *, gates: str | Mapping | None = "normal"
 ) -> list[tuple[int, int]]:
     """The ``k`` heads with the largest mean-ablation accuracy drop under ``gates``
     (ties broken by the larger loss increase, then layer-major order)."""
@@ -154,16 +156,17 @@ def circuit_heads(
     n = model.cfg.n_layers * model.cfg.n_heads
     if k > n:
         raise ValueError(f"k={k} exceeds the model's {n} heads")
-    imp = mean_ablation_importance(model, task, batch, gates=gates)
+    imp = mean_ablation_importance(model, batch, task, gates=gates)
     imp = imp.sort_values(["acc_drop", "loss_increase", "layer", "head"], ascending=[False, False, True, True],
                           kind="mergesort")
     return [(int(r.layer), int(r.head)) for r in imp.head(k).itertuples()]
 
 
+@batch_first
 def continuation_signal(
     model,
-    task: Task,
     batch: Batch,
+    task: Task,
     *,
     heads: Sequence | None = None,
     k: int = 2,
@@ -187,8 +190,8 @@ def continuation_signal(
     """
     if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 0:
         raise ValueError(f"n_random: expected a non-negative int, got {n_random!r}")
-    circuit = circuit_heads(model, task, batch, k, gates=importance_gates) if heads is None else _norm_heads(model, heads)
-    sq, total = head_gradient_norms(model, task, batch, gates=gates)
+    circuit = circuit_heads(model, batch, task, k, gates=importance_gates) if heads is None else _norm_heads(model, heads)
+    sq, total = head_gradient_norms(model, batch, task, gates=gates)
     L, H = sq.shape
     flat = sq.reshape(-1)
     idx = torch.tensor([l * H + h for l, h in circuit])
@@ -258,7 +261,7 @@ def continuation_trace(
         if heads != "final":
             raise ValueError(f"heads: expected a list of (layer, head), None or 'final', got {heads!r}")
         last = series[series.steps[-1]]
-        fixed = circuit_heads(last, task, batch, k, gates=gates)
+        fixed = circuit_heads(last, batch, task, k, gates=gates)
     rows = []
     it = sub
     if progress:
@@ -266,7 +269,7 @@ def continuation_trace(
 
         it = progress_bar(sub, total=len(sub), desc="continuation signal", unit="ckpt")
     for step, model in it:
-        sig = continuation_signal(model, task, batch, heads=fixed, k=k, gates=gates,
+        sig = continuation_signal(model, batch, task, heads=fixed, k=k, gates=gates,
                                   importance_gates=importance_gates, n_random=n_random, seed=seed)
         rows.append({"step": int(step), **sig})
     return pd.DataFrame(rows)

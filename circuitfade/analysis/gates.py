@@ -11,10 +11,22 @@ Models without gates (a plain ``HookedTransformer``) can be evaluated with
 raises :class:`NoGatesError` (a ``ValueError``) for them. A caller mapping the
 table over many models skips those with
 ``if circuitfade.gating.evaluation.has_gates(model)`` or ``except NoGatesError``.
+
+:func:`evaluate` is the package's one public evaluation; :func:`gate_intervention_table`
+and :func:`condition_metrics` (its form as :func:`~circuitfade.store.trace` rows) call it, and
+the trainer logs the same accuracy and loss with its fast internal form
+(:func:`circuitfade.gating.evaluation.evaluate_conditions`).
+
+Argument convention of every model-level analysis in :mod:`circuitfade.analysis`:
+``f(model, batch, [task,] *, options)``, the order :func:`~circuitfade.store.trace` passes
+them. The calls of the previous release, ``f(model, task, batch)`` and ``f(model, task,
+batch=batch)``, still work for one release with a ``DeprecationWarning`` (:func:`batch_first`).
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
 from numbers import Real
 from typing import Mapping
 
@@ -28,7 +40,6 @@ from circuitfade.stats import DEFAULT_LEVEL, proportion_interval, ratio_se
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_set
 
 __all__ = [
-    "NoGatesError",
     "PRIOR_LABELS",
     "TABLE_COLUMNS",
     "condition_metrics",
@@ -68,15 +79,39 @@ def describe_gates(gates: str | Mapping | None) -> str:
     raise ValueError(f"gates: expected None, one of {CONDITIONS} or a mapping prior -> value, got {gates!r}")
 
 
-def _batch_for(task, batch, n, seed) -> tuple[Task, Batch]:
-    task = as_task(task)
+def batch_first(fn):
+    """``fn(model, batch, task, ...)`` that also takes the previous release's orders for one release,
+    with a ``DeprecationWarning``: ``fn(model, task, batch=batch)`` and ``fn(model, task, batch)`` (a
+    :class:`~circuitfade.tasks.Task` before a :class:`~circuitfade.tasks.Batch`) are read as
+    ``fn(model, batch, task)``."""
+
+    @functools.wraps(fn)
+    def wrapper(model, *args, **kwargs):
+        if args and "batch" in kwargs:
+            given = kwargs.pop("batch")  # None: the task's evaluation set, which batch=task now means
+            args = (given, args[0], *args[1:]) if given is not None else args
+        elif len(args) >= 2 and isinstance(args[1], Batch) and not isinstance(args[0], Batch):
+            args = (args[1], args[0], *args[2:])
+        else:
+            return fn(model, *args, **kwargs)
+        warnings.warn(f"{fn.__name__}(model, task, batch): the argument order is now {fn.__name__}(model, batch, "
+                      "task); the old order will be refused in the next release", DeprecationWarning, stacklevel=2)
+        return fn(model, *args, **kwargs)
+
+    return wrapper
+
+
+def _data(batch, task, n, seed) -> tuple[Task, Batch]:
+    """``(task, batch)`` of an analysis's ``batch`` and ``task`` arguments (see :func:`evaluate`)."""
     if batch is None:
-        if task is None:
-            raise ValueError("task: expected a Task, a task name, a dict or a Batch (got None) when batch is None")
-        batch = eval_set(task, n, EVAL_SEED if seed is None else seed)
-    if not isinstance(batch, Batch):
-        raise ValueError(f"batch: expected a circuitfade.tasks.Batch or None, got {type(batch).__name__}")
-    return task, batch
+        raise ValueError("batch: expected a Batch, a Task, a task name or a dict {'name': ..., **config}, got None")
+    if isinstance(batch, Batch) and task is not None:
+        return as_task(task), batch
+    if task is not None:
+        raise ValueError(f"batch: a {type(batch).__name__} stands for a task's evaluation set, so task= must not be "
+                         "given as well; pass the Batch to evaluate on as batch")
+    task = as_task(batch)  # a task, a name, a dict, or a Batch scored as its own task (BatchTask)
+    return task, eval_set(task, n, EVAL_SEED if seed is None else seed)
 
 
 def _with_intervals(task: Task, logits, batch: Batch, level: float) -> dict:
@@ -95,27 +130,36 @@ def _with_intervals(task: Task, logits, batch: Batch, level: float) -> dict:
     return out
 
 
+@batch_first
 def evaluate(
     model,
-    task: Task | str | Mapping | Batch,
+    batch: Batch | Task | str | Mapping,
+    task: Task | str | Mapping | None = None,
     *,
     gates: str | Mapping | None = "normal",
-    batch: Batch | None = None,
     n: int = EVAL_SIZE,
     seed: int | None = None,
     level: float = DEFAULT_LEVEL,
 ) -> dict:
-    """Accuracy and loss of ``model`` on ``task`` under one gate condition, with intervals.
+    """Accuracy and loss of ``model`` on ``batch`` under one gate condition, with intervals.
+
+    The package's one public evaluation::
+
+        evaluate(model, "assoc")                    # the task's evaluation set (EVAL_SIZE, EVAL_SEED)
+        evaluate(model, batch, task, gates="zero")  # this batch, scored by this task, at zero gate
+        evaluate(model, my_batch)                   # your own Batch, scored on its own targets
 
     ``gates``: ``"normal"`` (gates as they are, also ``None``), ``"zero"`` (every gate
     0), ``"param"`` (every gate ``sigmoid(logit)``), ``"half"`` (every gate 0.5) or a
     mapping such as ``{"pos": 0.0}`` overriding exactly those gates (values: a number,
     ``[n_heads]`` or ``[n_layers, n_heads]``); see :mod:`circuitfade.gating.evaluation`.
 
-    ``task``: a :class:`Task`, a task name, a dict ``{"name": ..., **config}`` or a user's
-    own :class:`Batch`. ``batch``: the evaluation batch; if ``None``,
-    ``eval_set(task, n, seed)`` (the package's one convention, ``EVAL_SIZE`` examples
-    and ``EVAL_SEED``, when ``seed`` is ``None``: the set ``metrics.csv`` is logged on).
+    ``batch``: the evaluation data. A :class:`Batch`, scored by ``task`` (a :class:`Task`, a
+    task name or a dict ``{"name": ..., **config}``); without ``task``, a :class:`Batch` is
+    scored as its own task (:class:`~circuitfade.tasks.BatchTask`: its first ``n`` examples).
+    Or a task itself (a :class:`Task`, a name or a dict; ``task`` not given): then its
+    evaluation set ``eval_set(task, n, seed)`` (the package's one convention, ``EVAL_SIZE``
+    examples and ``EVAL_SEED`` when ``seed`` is ``None``: the set ``metrics.csv`` is logged on).
 
     Returns ``{"accuracy", "loss", "condition", "accuracy_se", "accuracy_lo",
     "accuracy_hi", "loss_se", "n_answers"}``: accuracy is the fraction of answer
@@ -130,7 +174,7 @@ def evaluate(
     Raises ``ValueError`` for an unknown condition, and :class:`NoGatesError` (a
     ``ValueError``) for any condition other than ``"normal"`` on a model without gates.
     """
-    task, batch = _batch_for(task, batch, n, seed)
+    task, batch = _data(batch, task, n, seed)
     condition = describe_gates(gates)  # validates the type early
     if gates not in (None, "normal") and not has_gates(model):
         raise NoGatesError(
@@ -177,11 +221,12 @@ def intervention_conditions(model) -> list[tuple[str, dict | str]]:
     return out
 
 
+@batch_first
 def gate_intervention_table(
     model,
-    task: Task | str | Mapping | Batch,
+    batch: Batch | Task | str | Mapping,
+    task: Task | str | Mapping | None = None,
     *,
-    batch: Batch | None = None,
     n: int = EVAL_SIZE,
     seed: int | None = None,
     level: float = DEFAULT_LEVEL,
@@ -191,8 +236,9 @@ def gate_intervention_table(
     One row per condition of :func:`intervention_conditions`; for the default model
     (priors ``pos``, ``content``) the rows are ``normal`` (gates as trained),
     ``position gate zeroed``, ``content gate zeroed``, ``both gates zeroed``. Every row
-    is evaluated on the same batch (``batch``, or ``eval_set(task, n, seed)``: by
-    default the package's one evaluation convention, as in :func:`evaluate`).
+    is evaluated on the same batch (``batch`` and ``task`` as in :func:`evaluate`: a
+    :class:`Batch` with its task, or a task whose evaluation set ``eval_set(task, n, seed)``
+    is used).
 
     Columns (:data:`TABLE_COLUMNS`): ``condition`` (label), ``gates`` (the override:
     ``"as trained"`` or e.g. ``"pos=0, content=0"``), ``accuracy`` with ``accuracy_se``,
@@ -203,10 +249,10 @@ def gate_intervention_table(
     models with ``circuitfade.gating.evaluation.has_gates(model)``.
     """
     conditions = intervention_conditions(model)
-    task, batch = _batch_for(task, batch, n, seed)
+    task, batch = _data(batch, task, n, seed)
     rows = []
     for label, gates in conditions:
-        r = evaluate(model, task, gates=gates, batch=batch, level=level)
+        r = evaluate(model, batch, task, gates=gates, level=level)
         rows.append({"condition": label, "gates": "as trained" if gates == "normal" else describe_gates(gates),
                      **{k: r.get(k) for k in TABLE_COLUMNS[2:]}})
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
@@ -222,7 +268,8 @@ def condition_metrics(
 ) -> pd.DataFrame:
     """Accuracy and loss under evaluation conditions, with intervals, as tidy trace rows.
 
-    The metric-protocol form of :func:`evaluate` for :func:`circuitfade.store.trace`:
+    :func:`evaluate` as :func:`circuitfade.store.trace` rows (not exported from
+    :mod:`circuitfade.analysis`: trace it as ``trace(series, [condition_metrics])``):
     one row per (condition, metric) with columns ``metric`` (``"accuracy"``, ``"loss"``;
     regression tasks: their primary metric and ``loss``), ``condition``, ``value``,
     ``se``, ``lo``, ``hi`` (accuracy: binomial/Wilson or by-example, see
@@ -235,7 +282,7 @@ def condition_metrics(
         conditions = ("normal", "zero") if has_gates(model) else ("normal",)
     rows = []
     for c in conditions:
-        r = evaluate(model, task, gates=c, batch=batch, level=level)
+        r = evaluate(model, batch, task, gates=c, level=level)
         if "accuracy" in r:
             rows.append({"metric": "accuracy", "condition": describe_gates(c), "value": r["accuracy"],
                          "se": r["accuracy_se"], "lo": r["accuracy_lo"], "hi": r["accuracy_hi"]})

@@ -4,7 +4,7 @@ Two measurements per layer and head, for any TransformerLens ``HookedTransformer
 with the standard hook names (``blocks.{layer}.attn.hook_pattern`` and
 ``blocks.{layer}.attn.hook_z``), including :class:`~circuitfade.model.SoftPriorTransformer`:
 
-* :func:`successor_value_mass` - how much attention a head puts, at each answer
+* :func:`successor_mass` - how much attention a head puts, at each answer
   position, on the key positions that hold the correct answer token;
 * :func:`mean_ablation_importance` - how much accuracy drops when the head's output
   is replaced by its batch mean (at zero gate by default, as in the paper).
@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from circuitfade.analysis.gates import NoGatesError
-from circuitfade.gating.evaluation import gate_condition, has_gates
+from circuitfade.analysis.gates import batch_first
+from circuitfade.compat import deprecated_names
+from circuitfade.gating.evaluation import NoGatesError, gate_condition, has_gates
 from circuitfade.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, bootstrap_ratio, bootstrap_weights, percentile_interval
 from circuitfade.store.tracing import head_label, per_head_frame
 from circuitfade.tasks import Batch, Task
@@ -43,11 +44,8 @@ __all__ = [
     "check_vocab",
     "has_answer_sources",
     "head_diagnostics",
-    "head_label",
     "mean_ablation_importance",
-    "per_head_frame",
     "successor_mass",
-    "successor_value_mass",
 ]
 
 SUCCESSOR_MASS = "successor_mass"
@@ -236,17 +234,16 @@ def successor_mass(
     return (sums.sum(0) / counts.sum()).float()
 
 
-successor_value_mass = successor_mass
-"""Former name of :func:`successor_mass` (same function; its metric name is ``successor_mass``)."""
 successor_mass.metric_inputs = ("model", "batch")
 successor_mass.metric_name = SUCCESSOR_MASS
 
 
 # ------------------------------------------------------------------- mean ablation
+@batch_first
 def mean_ablation_importance(
     model,
-    task: Task,
     batch: Batch,
+    task: Task,
     *,
     gates: str | Mapping | None = "zero",
     max_batch: int | None = None,
@@ -448,3 +445,7 @@ def head_diagnostics(
         out["note"] = pd.Series([NO_SOURCES_NOTE if m == SUCCESSOR_MASS else None for m in out["metric"]],
                                 dtype=object)
     return out
+
+
+__getattr__ = deprecated_names(__name__, {"successor_value_mass": (__name__, "successor_mass")})
+"""``successor_value_mass``, the former name of :func:`successor_mass`, warns and resolves to it."""

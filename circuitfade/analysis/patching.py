@@ -26,6 +26,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from circuitfade.tasks import Batch
+
 __all__ = [
     "MetricFn",
     "resid_hooks",
@@ -48,6 +50,8 @@ def _check_model(model, name: str = "model"):
 
 
 def _check_tokens(model, tokens) -> Tensor:
+    if isinstance(tokens, Batch):
+        tokens = tokens.tokens
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype != torch.long:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
         raise ValueError(f"tokens: expected an int64 tensor [batch, pos], got {shape}")
@@ -100,7 +104,7 @@ def _positions(pos, n_pos: int):
 def patched_logits(
     source_model,
     target_model,
-    tokens: Int[Tensor, "batch pos"],
+    batch: Int[Tensor, "batch pos"] | Batch,
     patches: Mapping[str, int | Sequence[int] | None],
     *,
     source_cache: Mapping[str, Tensor] | None = None,
@@ -115,7 +119,7 @@ def patched_logits(
     """
     _check_model(source_model, "source_model")
     _check_model(target_model, "target_model")
-    tokens = _check_tokens(target_model, tokens)
+    tokens = _check_tokens(target_model, batch)
     names = list(patches)
     missing = [n for n in names if n not in target_model.hook_dict or n not in source_model.hook_dict]
     if missing:
@@ -154,7 +158,7 @@ def restored_fraction(value, source_value: float, target_value: float):
 def patch_resid(
     source_model,
     target_model,
-    tokens: Int[Tensor, "batch pos"],
+    batch: Int[Tensor, "batch pos"] | Batch,
     metric_fn: MetricFn,
     *,
     positions: Sequence[int] | None = None,
@@ -180,7 +184,7 @@ def patch_resid(
     for key in ("n_layers", "d_model", "n_ctx"):
         if getattr(cs, key) != getattr(ct, key):
             raise ValueError(f"source and target models differ in {key}: {getattr(cs, key)} vs {getattr(ct, key)}")
-    tokens = _check_tokens(target_model, tokens)
+    tokens = _check_tokens(target_model, batch)
     n_pos = tokens.shape[1]
     pos_list = list(range(n_pos)) if positions is None else [int(p) % n_pos for p in _positions(positions, n_pos)]
     sites = resid_hooks(target_model)
@@ -203,7 +207,7 @@ def patch_resid(
 # ----------------------------------------------------------------- mean replacement
 def mean_replacement(
     model,
-    tokens: Int[Tensor, "batch pos"],
+    batch: Int[Tensor, "batch pos"] | Batch,
     metric_fn: MetricFn,
     *,
     position: int = -1,
@@ -225,7 +229,7 @@ def mean_replacement(
     and ``delta = value - baseline`` (``layer``/``head`` are -1 where they do not apply).
     """
     cfg = _check_model(model)
-    tokens = _check_tokens(model, tokens)
+    tokens = _check_tokens(model, batch)
     n_pos = tokens.shape[1]
     if not -n_pos <= int(position) < n_pos:
         raise ValueError(f"position {position} out of range for sequences of length {n_pos}")

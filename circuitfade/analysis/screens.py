@@ -54,6 +54,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from circuitfade.store.tracing import per_head_frame
+from circuitfade.tasks import Batch
 
 SCORES = ("induction", "previous_token", "bos")
 """The three head classes, in the order used for labels."""
@@ -173,6 +174,8 @@ def ordinary_tokens(
 
 
 def _check_tokens(model, tokens) -> Tensor:
+    if isinstance(tokens, Batch):
+        tokens = tokens.tokens
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
         raise ValueError(f"tokens must be an integer tensor [batch, pos], got {getattr(tokens, 'shape', tokens)!r}")
     if tokens.shape[1] < 2:
@@ -251,28 +254,31 @@ def _to_position(pattern: Tensor, key_of_query) -> tuple[Tensor, Tensor]:
 
 
 def induction_score(
-    model, tokens: Int[Tensor, "batch pos"], *, half_len: int | None = None, prefix: int | None = None
+    model, batch: Int[Tensor, "batch pos"] | Batch, *, half_len: int | None = None, prefix: int | None = None
 ) -> Float[Tensor, "layer head"]:
     """Mean attention from each second-copy position ``t`` to ``t - L + 1``.
 
-    For ``tokens = [prefix tokens] s s`` with ``len(s) = L``: the mean over the batch
+    ``batch``: token ids ``[batch, pos]`` (or a :class:`~circuitfade.tasks.Batch`: its
+    ``tokens``), as every screen takes them. For ``batch = [prefix tokens] s s`` with ``len(s) = L``: the mean over the batch
     and over ``t in [prefix + L, prefix + 2L)`` of ``A[t, t - L + 1]``, the position just
     after the first occurrence of the token at ``t``. ``prefix`` defaults to
     ``pos % 2`` (1 for ``[BOS] s s``, 0 for ``s s``) and ``half_len`` to
     ``(pos - prefix) // 2``. The token content is not checked, so the same positional
     score on ``control_tokens`` gives the induction control.
     """
-    return _induction(attention_patterns(model, tokens), half_len, prefix)
+    return _induction(attention_patterns(model, batch), half_len, prefix)
 
 
-def previous_token_score(model, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
-    """Mean attention from ``t`` to ``t - 1`` over the batch and all ``t >= 1``."""
-    return _to_position(attention_patterns(model, tokens), lambda q: q - 1)[0]
+def previous_token_score(model, batch: Int[Tensor, "batch pos"] | Batch) -> Float[Tensor, "layer head"]:
+    """Mean attention from ``t`` to ``t - 1`` over the batch and all ``t >= 1`` (``batch``: token ids
+    ``[batch, pos]`` or a :class:`~circuitfade.tasks.Batch`)."""
+    return _to_position(attention_patterns(model, batch), lambda q: q - 1)[0]
 
 
-def bos_score(model, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
-    """Mean attention mass on position 0 over the batch and all query positions ``t >= 1``."""
-    return _to_position(attention_patterns(model, tokens), lambda q: torch.zeros_like(q))[0]
+def bos_score(model, batch: Int[Tensor, "batch pos"] | Batch) -> Float[Tensor, "layer head"]:
+    """Mean attention mass on position 0 over the batch and all query positions ``t >= 1`` (``batch``:
+    token ids ``[batch, pos]`` or a :class:`~circuitfade.tasks.Batch`)."""
+    return _to_position(attention_patterns(model, batch), lambda q: torch.zeros_like(q))[0]
 
 
 def head_frame(values: Float[Tensor, "layer head"], metric: str) -> pd.DataFrame:

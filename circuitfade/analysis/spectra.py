@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from circuitfade.analysis.screens import head_frame, layer_activations
+from circuitfade.tasks import Batch
 
 _RELATIVE_ZERO = 1e-24
 """Total variance at most this times the raw energy ``sum x^2`` counts as zero (PR = nan)."""
@@ -95,7 +96,7 @@ def _select_positions(z: Tensor, positions) -> Tensor:
 
 def head_output_pr(
     model,
-    tokens: Int[Tensor, "batch pos"],
+    batch: Int[Tensor, "batch pos"] | Batch,
     *,
     positions: str | int | slice | Sequence[int] = "all",
     space: str = "result",
@@ -110,12 +111,13 @@ def head_output_pr(
     ``M = W_O W_O^T`` (``d_head`` sized; cheap for large ``d_model``).
     ``space="z"``: the PR of ``z`` itself (``d_head`` space).
 
+    ``batch``: token ids ``[batch, pos]`` (or a :class:`~circuitfade.tasks.Batch`: its ``tokens``).
     ``positions``: ``"all"``, an int, a slice or a sequence of position indices.
     One ``run_with_cache`` keeping only ``hook_z``; the model is not modified.
     """
     if space not in ("result", "z"):
         raise ValueError(f"space must be 'result' or 'z', got {space!r}")
-    activations = layer_activations(model, tokens, "hook_z")
+    activations = layer_activations(model, batch, "hook_z")
     rows = []
     with torch.no_grad():
         for layer, act in enumerate(activations):

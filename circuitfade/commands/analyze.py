@@ -34,21 +34,16 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from circuitfade.analysis import (
-    ABLATION_IMPORTANCE,
-    DEFAULT_THRESHOLDS,
-    SUCCESSOR_MASS,
-    consolidation_timeline,
-    gate_intervention_table,
-    head_diagnostics,
-    timeline_long,
-)
+from circuitfade.analysis import consolidation_timeline, gate_intervention_table, head_diagnostics
+from circuitfade.analysis.heads import ABLATION_IMPORTANCE, SUCCESSOR_MASS
+from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, timeline_long
 from circuitfade.gating.evaluation import has_gates
 from circuitfade.io import atomic_write, check_outputs, default_output_dir
 from circuitfade.store import CheckpointSeries, attach, check_series_weights, trace
 from circuitfade.commands.boundary import (Parser, add_source_arguments, flag_names, guarded, removing_new_folders,
                                            source_from_args)
-from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_label, eval_set, parse_task_args
+from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_set, parse_task_args
+from circuitfade.tasks.base import eval_label
 from circuitfade.train import read_metrics
 from circuitfade.train.rundir import RunDir
 from circuitfade.viz import plots
@@ -149,7 +144,7 @@ def analyze(
     final_step = series.steps[-1]
     final = series[final_step]
     if has_gates(final):
-        interventions = gate_intervention_table(final, task, batch=batch)
+        interventions = gate_intervention_table(final, batch, task)
         interventions.insert(0, "step", final_step)
     else:
         interventions = None

@@ -13,13 +13,14 @@ once, in :mod:`circuitfade.model.core`.
 """
 
 from circuitfade.model import zoo as _zoo  # noqa: F401  (registers the published priors)
-from circuitfade.model.devices import DEVICES, resolve_device
-from circuitfade.model.files import CONFIG_FILE, GATE_MODES, LARGE_OVERRIDES, WEIGHTS_FILE
+from circuitfade.model.devices import resolve_device
 from circuitfade.model.priors import PRIORS, AttentionPrior, PriorInputs, build_prior, register_prior
-from circuitfade.model.transformer import SoftPriorAttention, SoftPriorBlock, SoftPriorConfig, SoftPriorTransformer
+from circuitfade.model.transformer import SoftPriorConfig, SoftPriorTransformer
 
 __all__ = [
-    "SoftPriorConfig", "SoftPriorTransformer", "SoftPriorAttention", "SoftPriorBlock", "GATE_MODES", "LARGE_OVERRIDES",
-    "CONFIG_FILE", "WEIGHTS_FILE", "PRIORS", "AttentionPrior", "PriorInputs", "build_prior", "register_prior",
-    "DEVICES", "resolve_device",
+    "SoftPriorConfig", "SoftPriorTransformer", "PRIORS", "AttentionPrior", "PriorInputs", "build_prior",
+    "register_prior", "resolve_device",
 ]
+"""The model's components (``SoftPriorAttention``, ``SoftPriorBlock``), its file names and gate modes
+(:mod:`circuitfade.model.files`) and the device table (:mod:`circuitfade.model.devices`) are
+importable from their modules."""

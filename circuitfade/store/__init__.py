@@ -65,68 +65,41 @@ columns ``step, layer, head, metric, value, se, lo, hi, note`` plus the series m
 
 from __future__ import annotations
 
-from circuitfade.compat import TL39_ONLY_DEFAULTS
+from circuitfade.compat import deprecated_names
 
-from .hf import SUPPORTED_HF_ARCHITECTURES, check_hf_weights, check_series_weights, load_hf_local
-from .runs import is_run_dir, open_run
+from .hf import check_series_weights, load_hf_local
+from .runs import open_run
 from .series import CheckpointSeries, Snapshot
-from .sources import (
-    NAMING_SCHEMES,
-    WEIGHT_SUFFIXES,
-    attach,
-    from_hf,
-    from_models,
-    from_run,
-    from_state_dicts,
-    step_from_name,
-)
-from .tracing import (
-    INTERVAL_COLUMNS,
-    TRACE_COLUMNS,
-    Metric,
-    MetricOutput,
-    NoGates,
-    NoGatesError,
-    PerHead,
-    head_label,
-    load_trace,
-    metric,
-    per_head_frame,
-    progress_bar,
-    save_trace,
-    trace,
-)
+from .sources import attach, from_hf, from_models, from_run, from_state_dicts, step_from_name
+from .tracing import Metric, head_label, load_trace, metric, per_head_frame, save_trace, trace
 
 __all__ = [
     "Snapshot",
     "CheckpointSeries",
-    "NoGates",
-    "NoGatesError",
     "open_run",
-    "is_run_dir",
     "attach",
     "from_run",
     "from_hf",
     "from_state_dicts",
     "from_models",
     "load_hf_local",
-    "check_hf_weights",
     "check_series_weights",
-    "SUPPORTED_HF_ARCHITECTURES",
-    "WEIGHT_SUFFIXES",
-    "NAMING_SCHEMES",
-    "TL39_ONLY_DEFAULTS",
     "step_from_name",
     "trace",
     "save_trace",
     "load_trace",
-    "progress_bar",
-    "TRACE_COLUMNS",
-    "INTERVAL_COLUMNS",
     "Metric",
     "metric",
     "head_label",
     "per_head_frame",
-    "PerHead",
-    "MetricOutput",
 ]
+
+__getattr__ = deprecated_names(__name__, {
+    "NoGates": ("circuitfade.gating", "NoGatesError"),
+    "NoGatesError": ("circuitfade.gating", "NoGatesError"),
+    "TL39_ONLY_DEFAULTS": ("circuitfade.compat", "TL39_ONLY_DEFAULTS"),
+})
+"""Names of the previous release (a ``DeprecationWarning`` names the replacement). The tables of
+accepted sources (``NAMING_SCHEMES``, ``WEIGHT_SUFFIXES`` in :mod:`~circuitfade.store.sources`,
+``SUPPORTED_HF_ARCHITECTURES`` in :mod:`~circuitfade.store.hf`) and the trace's columns
+(``TRACE_COLUMNS`` in :mod:`~circuitfade.store.tracing`) are importable from their modules."""

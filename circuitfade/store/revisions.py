@@ -44,7 +44,8 @@ from torch import Tensor
 
 from circuitfade import compat
 from circuitfade.io import CheckpointError, load_tensors
-from circuitfade.store import WEIGHT_SUFFIXES, CheckpointSeries, Snapshot, attach
+from circuitfade.store import CheckpointSeries, Snapshot, attach
+from circuitfade.store.sources import WEIGHT_SUFFIXES
 from circuitfade.store.hf import HF_WEIGHT_FILES, hf_weight_files
 from circuitfade.store.sources import step_from_name
 

@@ -9,20 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from circuitfade.compat import deprecated_names
+
 from .ambiguous import AmbiguousBatch, AmbiguousRecall, AmbiguousRecallConfig
 from .assoc import AssocRecall, AssocRecallConfig
-from .base import (
-    DEFAULT_EVAL_SEED,
-    EVAL_SEED,
-    EVAL_SIZE,
-    IGNORE_INDEX,
-    Batch,
-    BatchTask,
-    PrimaryMetric,
-    Task,
-    eval_label,
-    eval_set,
-)
+from .base import EVAL_SEED, EVAL_SIZE, IGNORE_INDEX, Batch, BatchTask, Task, eval_set
 from .kpart import KPart, KPartConfig
 from .linreg import LinearRegressionICL, LinRegConfig, RegressionBatch
 from .markov import MarkovInduction, MarkovInductionConfig
@@ -145,13 +136,8 @@ register_task("kpart", config_factory(KPart, KPartConfig))
 __all__ = [
     "AmbiguousBatch",
     "BatchTask",
-    "DEFAULT_EVAL_SEED",
     "EVAL_SEED",
     "EVAL_SIZE",
-    "PrimaryMetric",
-    "as_task",
-    "parse_task_args",
-    "eval_label",
     "AmbiguousRecall",
     "AmbiguousRecallConfig",
     "IGNORE_INDEX",
@@ -166,10 +152,13 @@ __all__ = [
     "LinRegConfig",
     "RegressionBatch",
     "Task",
-    "TaskFactory",
-    "config_factory",
     "eval_set",
     "known_tasks",
     "make_task",
     "register_task",
 ]
+"""``as_task`` and ``parse_task_args`` (what the analyses and the command line read a task
+argument with) and ``config_factory`` are importable from here but not public."""
+
+__getattr__ = deprecated_names(__name__, {"DEFAULT_EVAL_SEED": ("circuitfade.tasks", "EVAL_SEED")})
+"""Names of the previous release (a ``DeprecationWarning`` names the replacement)."""

@@ -31,10 +31,6 @@ recorded on exactly this set."""
 EVAL_SIZE = 512
 """THE default number of evaluation examples (see :data:`EVAL_SEED`)."""
 
-DEFAULT_EVAL_SEED = EVAL_SEED
-"""Former name of :data:`EVAL_SEED` (kept for imports)."""
-
-
 def eval_label(n: int = EVAL_SIZE, seed: int = EVAL_SEED) -> str:
     """``"eval: 512 examples, seed 1000003"``: the line every table and report prints."""
     return f"eval: {int(n)} examples, seed {int(seed)}"

@@ -15,32 +15,32 @@ Layer 3, one module per job:
   (re-initialising heads' weight slices)
 """
 
-from circuitfade.tasks import EVAL_SEED
 import sys
 import types
 
-from circuitfade.train.checkpoints import (
-                                           CKPT_DIR,
-                                           complete_checkpoints,
-                                           load_checkpoint,
-                                           read_metrics,
-                                           run_steps,
-                                           save_checkpoint,
-                                           write_metrics,
-)
-from circuitfade.train.config import RunConfig, TrainConfig, TrainingDiverged, checkpoint_steps, is_checkpoint_step
+from circuitfade.compat import deprecated_names
+from circuitfade.train.checkpoints import load_checkpoint, read_metrics, save_checkpoint
+from circuitfade.train.config import RunConfig, TrainConfig, TrainingDiverged
 from circuitfade.train.langevin import LangevinNoise
 from circuitfade.train.lock import RunLocked
-from circuitfade.train.loop import branch, branch_config, fit, train
+from circuitfade.train.loop import branch, fit, train
 from circuitfade.train.state import Run, clone_run, new_run
 from circuitfade.train.surgery import reinit_slices, reset_slice_moments
 
 __all__ = [
-    "CKPT_DIR", "EVAL_SEED", "LangevinNoise", "Run", "RunConfig", "RunLocked", "TrainConfig", "TrainingDiverged",
-    "branch", "branch_config", "checkpoint_steps", "clone_run", "complete_checkpoints", "fit", "is_checkpoint_step",
-    "load_checkpoint", "new_run", "read_metrics", "reinit_slices", "reset_slice_moments", "run_steps",
-    "save_checkpoint", "train", "write_metrics",
+    "LangevinNoise", "Run", "RunConfig", "RunLocked", "TrainConfig", "TrainingDiverged", "branch", "clone_run",
+    "fit", "load_checkpoint", "new_run", "read_metrics", "reinit_slices", "reset_slice_moments", "save_checkpoint",
+    "train",
 ]
+
+__getattr__ = deprecated_names(__name__, {
+    "EVAL_SEED": ("circuitfade.tasks", "EVAL_SEED"),
+    "complete_checkpoints": ("circuitfade.train.checkpoints", "complete_checkpoints"),
+    "write_metrics": ("circuitfade.train.checkpoints", "write_metrics"),
+})
+"""Names of the previous release (a ``DeprecationWarning`` names the replacement). The other
+checkpoint and schedule helpers (``circuitfade.train.checkpoints``, ``circuitfade.train.config``)
+are importable from their modules."""
 
 
 class _TrainPackage(types.ModuleType):

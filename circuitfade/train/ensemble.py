@@ -264,7 +264,7 @@ class Ensemble:
 
     @torch.no_grad()
     def evaluate(self, slots: Sequence[int], task: Task, batch: Batch, conditions: Sequence) -> list[dict[str, float]]:
-        """:func:`~circuitfade.gating.evaluate_conditions` of the members in ``slots`` on ``batch``,
+        """:func:`~circuitfade.gating.evaluation.evaluate_conditions` of the members in ``slots`` on ``batch``,
         with one stacked forward per distinct condition and chunk of
         :data:`~circuitfade.gating.evaluation.EVAL_CHUNK` examples (as the single model chunks).
 

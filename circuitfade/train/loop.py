@@ -91,7 +91,7 @@ def row_at_step(run: Run, loss_value: float) -> dict:
     """Set ``run``'s fixed / scheduled gates to its gate path's value at ``run.step`` (as the
     trainer evaluates) and return the start of its ``metrics.csv`` row at that step: ``step``,
     the mean effective gate per prior, the data mix and ``train_loss``. The evaluation's
-    metrics (:func:`~circuitfade.gating.evaluate_conditions`) complete the row."""
+    metrics (:func:`~circuitfade.gating.evaluation.evaluate_conditions`) complete the row."""
     model, cfg = run.model, run.config
     _set_gates_for_step(model, cfg.gate_path(), run.step)
     return {"step": run.step, **_gate_summary(model), **cfg.mix_at(run.step), "train_loss": loss_value}

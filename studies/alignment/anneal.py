@@ -89,7 +89,8 @@ from circuitfade.gating.schedules import as_schedule
 from circuitfade.io import read_json, write_json
 from circuitfade.stats import binomial_exact_interval
 from circuitfade.tasks import eval_set
-from circuitfade.train import EVAL_SEED, Run, TrainingDiverged, fit, new_run
+from circuitfade.train import Run, TrainingDiverged, fit, new_run
+from circuitfade.tasks import EVAL_SEED
 from circuitfade.train.callbacks import Callback, L2Penalty
 from circuitfade.train.langevin import LangevinNoise
 from circuitfade.viz.export import save_figure

@@ -22,7 +22,8 @@ from circuitfade.gating.evaluation import evaluate_batch
 from circuitfade.io import content_hash, read_json, write_json
 from circuitfade.tasks import EVAL_SEED, eval_set, make_task
 from circuitfade.tasks.kpart import kpart_model
-from circuitfade.train import RunConfig, TrainConfig, load_checkpoint, new_run, save_checkpoint, train, write_metrics
+from circuitfade.train import RunConfig, TrainConfig, load_checkpoint, new_run, save_checkpoint, train
+from circuitfade.train.checkpoints import write_metrics
 from circuitfade.train.jobs import run_jobs
 from circuitfade.train.rundir import RunDir
 from studies.alignment.protocol import PARTS_V1

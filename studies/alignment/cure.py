@@ -39,7 +39,8 @@ import plotly.graph_objects as go
 
 from circuitfade.claims import Outcome
 from circuitfade.stats import binomial_exact_interval, bootstrap_median
-from circuitfade.train import EVAL_SEED, load_checkpoint, new_run, save_checkpoint, train
+from circuitfade.train import load_checkpoint, new_run, save_checkpoint, train
+from circuitfade.tasks import EVAL_SEED
 from circuitfade.train.surgery import reinit_slices
 from circuitfade.viz.export import save_figure
 from circuitfade.viz.tables import markdown_table

@@ -50,7 +50,9 @@ from circuitfade.io import freeze_payload, load_frozen, read_json
 from circuitfade.stats import bootstrap_median, bootstrap_median_ratio, nelder_mead
 from circuitfade.store import attach
 from circuitfade.tasks import eval_set, make_task
-from circuitfade.train import EVAL_SEED, RunConfig, complete_checkpoints, load_checkpoint, new_run, train
+from circuitfade.train import RunConfig, load_checkpoint, new_run, train
+from circuitfade.train.checkpoints import complete_checkpoints
+from circuitfade.tasks import EVAL_SEED
 from circuitfade.train.recipes import LOCAL_TASK, build_local_series
 from circuitfade.train.surgery import reinit_heads
 from circuitfade.viz.tables import markdown_table

@@ -34,7 +34,8 @@ import torch
 from circuitfade.analysis.parts import METHODS, Credit, credit_verdict, part_ablation, pool_cells, routing_parts
 from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.tasks import eval_set
-from circuitfade.train import EVAL_SEED, new_run
+from circuitfade.train import new_run
+from circuitfade.tasks import EVAL_SEED
 from circuitfade.viz.export import save_figure
 from circuitfade.viz.tables import markdown_table
 from studies.alignment.apparatus import CHUNK, base_config, from_scratch, run_cached_jobs

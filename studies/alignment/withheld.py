@@ -35,7 +35,8 @@ import torch
 
 from circuitfade.claims import Claim, Outcome, Verdict
 from circuitfade.stats import binomial_exact_interval
-from circuitfade.train import EVAL_SEED, RunConfig, new_run, save_checkpoint, train
+from circuitfade.train import RunConfig, new_run, save_checkpoint, train
+from circuitfade.tasks import EVAL_SEED
 from circuitfade.train.surgery import reinit_slices
 from circuitfade.viz.export import save_figure
 from circuitfade.viz.tables import markdown_table

@@ -24,12 +24,14 @@ from pathlib import Path
 import pandas as pd
 
 from circuitfade import stats
-from circuitfade.analysis import DEFAULT_THRESHOLDS, gate_intervention_table, head_diagnostics, timeline_long
+from circuitfade.analysis import gate_intervention_table, head_diagnostics
+from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS, timeline_long
 from circuitfade.gating.paths import parse_path
 from circuitfade.io import write_csv
-from circuitfade.model import LARGE_OVERRIDES
+from circuitfade.model.files import LARGE_OVERRIDES
 from circuitfade.store import open_run, trace
-from circuitfade.tasks import EVAL_SEED, eval_label
+from circuitfade.tasks import EVAL_SEED
+from circuitfade.tasks.base import eval_label
 from circuitfade.train import RunConfig, TrainConfig
 from circuitfade.train.sweep import child_of, run_dir_for
 from circuitfade.viz.tables import markdown_table

@@ -67,7 +67,8 @@ from circuitfade.commands.boundary import check_count
 from circuitfade.io import atomic_write, check_outputs, write_json
 from circuitfade.store import open_run
 from circuitfade.tasks import eval_set
-from circuitfade.train import EVAL_SEED, RunConfig, TrainConfig
+from circuitfade.train import RunConfig, TrainConfig
+from circuitfade.tasks import EVAL_SEED
 from circuitfade.train.sweep import EXECUTOR_HELP, EXECUTORS, run_sweep
 from circuitfade.viz.tables import markdown_table
 from circuitfade.stats import binomial_se, paired_t_interval, spearman, spearman_bootstrap, t_interval
@@ -428,7 +429,7 @@ def continuation_rows(runs: pd.DataFrame, roots: Sequence[str | Path], *, k: int
             continue
         task = series.task
         batch = eval_set(task, n, EVAL_SEED)
-        sig = continuation_signal(series[step], task, batch, k=k, gates="zero", importance_gates="normal",
+        sig = continuation_signal(series[step], batch, task, k=k, gates="zero", importance_gates="normal",
                                   n_random=n_random, seed=0)
         rows.append({"run": r.run, "model": r.model, "task": r.task, "steps": r.steps, "path": r.path,
                      "seed": r.seed, "signal_step": int(step), **sig, "acc_zero_final": r.acc_zero})

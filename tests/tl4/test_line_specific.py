@@ -61,8 +61,8 @@ def test_attaching_a_circuitfade_run_written_on_39_works_here():
     from circuitfade.tasks import eval_set
 
     batch = eval_set(series.task, 128, seed=0)
-    assert evaluate(model, series.task, batch=batch)["accuracy"] > 0.5  # a trained model, read on this line
-    assert evaluate(model, series.task, gates="zero", batch=batch)["accuracy"] >= 0.0
+    assert evaluate(model, batch, series.task)["accuracy"] > 0.5  # a trained model, read on this line
+    assert evaluate(model, batch, series.task, gates="zero")["accuracy"] >= 0.0
 
 
 @tl4_only

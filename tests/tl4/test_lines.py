@@ -20,7 +20,6 @@ import torch
 
 from circuitfade import compat
 from circuitfade.analysis import (
-    NoGatesError,
     classify_heads,
     evaluate,
     head_diagnostics,
@@ -28,9 +27,10 @@ from circuitfade.analysis import (
     mean_replacement,
     patch_resid,
     patched_logits,
-    successor_value_mass,
     weight_pr,
+    successor_mass,
 )
+from circuitfade.gating import NoGatesError
 from circuitfade.analysis.patching import resid_hooks
 from circuitfade.analysis.screens import attention_patterns, capability_selectivity, ordinary_tokens
 from circuitfade.analysis.spectra import head_output_pr
@@ -98,11 +98,11 @@ def copy_circuit():
 def test_successor_mass_and_mean_ablation_single_out_the_copy_head():
     model, task = copy_circuit(), CopyTask()
     batch = eval_set(task, 256, seed=1)
-    mass = successor_value_mass(model, batch)
+    mass = successor_mass(model, batch)
     assert mass.shape == (2, 3) and mass[0, 1] > 0.999 and mass[0, 2] < 1e-6
     for l, h in ((0, 0), (1, 0), (1, 1), (1, 2)):  # uniform over the 6 positions
         assert mass[l, h] == pytest.approx(1 / P, abs=1e-6)
-    df = mean_ablation_importance(model, task, batch, gates=None)
+    df = mean_ablation_importance(model, batch, task, gates=None)
     assert (df["acc_clean"] == 1.0).all()
     row = df[(df["layer"] == 0) & (df["head"] == 1)].iloc[0]
     assert row["acc_ablated"] <= task.chance + 0.05 and row["loss_increase"] > 0.5
@@ -112,9 +112,9 @@ def test_successor_mass_and_mean_ablation_single_out_the_copy_head():
     tidy = head_diagnostics(model, batch, task, ablation_gates=None)
     assert len(tidy) == 3 * 6 and list(tidy.columns) == ["layer", "head", "metric", "value", "se", "lo", "hi", "boot"]
     # evaluation: a plain model has only the "normal" condition
-    assert evaluate(model, task, batch=batch)["accuracy"] == 1.0
+    assert evaluate(model, batch, task)["accuracy"] == 1.0
     with pytest.raises(NoGatesError):
-        evaluate(model, task, gates="zero", batch=batch)
+        evaluate(model, batch, task, gates="zero")
 
 
 # ------------------------------------------------------------------ planted screen heads
@@ -300,11 +300,11 @@ def test_traced_bridge_metrics_plot_as_heatmaps():
 
     a, b = random_pair()
     batch = eval_set(CopyTask(), 16, seed=0)
-    df = trace(attach({0: a, 10: b}), {"mass": metric(successor_value_mass, inputs=("model", "batch"))},
+    df = trace(attach({0: a, 10: b}), {"mass": metric(successor_mass, inputs=("model", "batch"))},
                batch=batch, progress=False)
     fig = plots.head_heatmap(df, "mass")
     assert len(fig.data) == 2  # one heatmap per step, slider over steps
-    np.testing.assert_allclose(np.asarray(fig.data[-1].z, dtype=float), successor_value_mass(b, batch).numpy(),
+    np.testing.assert_allclose(np.asarray(fig.data[-1].z, dtype=float), successor_mass(b, batch).numpy(),
                                atol=1e-6)
 
 
@@ -320,11 +320,11 @@ def test_in_memory_models_are_traced():
     a, b = random_pair()
     series = attach({0: a, 10: b})
     batch = eval_set(CopyTask(), 16, seed=0)
-    df = trace(series, {"mass": metric(successor_value_mass, inputs=("model", "batch"))},
+    df = trace(series, {"mass": metric(successor_mass, inputs=("model", "batch"))},
                batch=batch, progress=False)
     assert len(df) == 2 * 2 * 4 and set(df["step"]) == {0, 10}
     got = df[df.step == 10].sort_values(["layer", "head"])["value"].to_numpy()
-    np.testing.assert_allclose(got, successor_value_mass(b, batch).flatten().numpy(), atol=1e-6)
+    np.testing.assert_allclose(got, successor_mass(b, batch).flatten().numpy(), atol=1e-6)
 
 
 # ------------------------------------------------------------ local Hugging Face folders

@@ -17,7 +17,8 @@ import torch
 
 from circuitfade import compat
 from circuitfade.io import CheckpointError, load_tensors, save_tensors
-from circuitfade.store import TL39_ONLY_DEFAULTS, attach
+from circuitfade.store import attach
+from circuitfade.compat import TL39_ONLY_DEFAULTS
 
 pytestmark = pytest.mark.tl4
 torch.set_num_threads(1)
