@@ -45,19 +45,15 @@ from pathlib import Path
 import torch
 
 from circuitfade.viz import export, plots
-from circuitfade.analysis import (
-    ABLATION_IMPORTANCE,
-    DEFAULT_THRESHOLDS,
-    SUCCESSOR_MASS,
-    consolidation_timeline,
-    gate_intervention_table,
-    head_diagnostics,
-)
+from circuitfade.analysis import consolidation_timeline, gate_intervention_table, head_diagnostics
+from circuitfade.analysis.heads import ABLATION_IMPORTANCE, SUCCESSOR_MASS
+from circuitfade.analysis.timeline import DEFAULT_THRESHOLDS
 from circuitfade.viz.tables import markdown_table
 from circuitfade.store import attach, trace
 from circuitfade.train.sweep import run_dir_for, run_sweep
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, eval_set
-from circuitfade.train import CKPT_DIR, RunConfig, TrainConfig, read_metrics
+from circuitfade.train import RunConfig, TrainConfig, read_metrics
+from circuitfade.train.rundir import CKPT_DIR
 
 ASSETS = Path(__file__).resolve().parent
 SERIES = ASSETS.parent / "circuitfade" / "data" / "series"  # shipped inside the package

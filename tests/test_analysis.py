@@ -14,18 +14,16 @@ import torch
 from circuitfade import compat
 from circuitfade.analysis import (
     previous_token_score,
-    ABLATION_IMPORTANCE,
-    SUCCESSOR_MASS,
     consolidation_timeline,
     evaluate,
     gate_intervention_table,
     head_diagnostics,
     mean_ablation_importance,
-    timeline_long,
     top_heads,
     successor_mass,
 )
-from circuitfade.analysis.heads import ABLATION_LOSS_INCREASE
+from circuitfade.analysis.heads import ABLATION_IMPORTANCE, ABLATION_LOSS_INCREASE, SUCCESSOR_MASS
+from circuitfade.analysis.timeline import timeline_long
 from circuitfade.analysis.gates import describe_gates, intervention_conditions
 from circuitfade.gating import NoGatesError
 from circuitfade.store import per_head_frame

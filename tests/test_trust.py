@@ -16,16 +16,15 @@ import torch
 
 from circuitfade import compat, stats
 from circuitfade.analysis import (
-    ABLATION_IMPORTANCE,
-    SUCCESSOR_MASS,
     consolidation_timeline,
     evaluate,
     gate_intervention_table,
     head_diagnostics,
     mean_ablation_importance,
     successor_mass,
-    timeline_long,
 )
+from circuitfade.analysis.heads import ABLATION_IMPORTANCE, SUCCESSOR_MASS
+from circuitfade.analysis.timeline import timeline_long
 from circuitfade.analysis.gates import condition_metrics
 from circuitfade.store import attach, head_label, trace
 from circuitfade.tasks import (
@@ -34,11 +33,11 @@ from circuitfade.tasks import (
     Batch,
     BatchTask,
     as_task,
-    eval_label,
     eval_set,
     make_task,
     parse_task_args,
 )
+from circuitfade.tasks.base import eval_label
 from circuitfade.train import TrainConfig, read_metrics
 
 torch.set_num_threads(1)

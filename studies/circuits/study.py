@@ -374,7 +374,7 @@ def rebuild(out: str | Path = "results/circuits", *, force: bool = False, figure
     check_outputs([out / n for n in TABLES] + ([out / "fig_circuits.png"] if figure_too else []), force=force)
     md = write_tables(out, DECLARATION, note=cfg.get("note", ""))
     if figure_too:
-        from circuitfade.viz.plots import save_figure
+        from circuitfade.viz.export import save_figure
 
         save_figure(figure(pd.read_csv(out / "timeline.csv")), out / "fig_circuits")
     return md
