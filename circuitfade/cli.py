@@ -142,7 +142,8 @@ def run_config_from_args(ns: argparse.Namespace):
     d["task"] = task
     if ns.model:
         d["model"] = {**d.get("model", {}), **_json_object("--model", ns.model)}
-    d["train"] = {**d.get("train", {}), **_train_kwargs(ns, "steps", "eval_every", "checkpoint_every", "device")}
+    d["train"] = {**d.get("train", {}), **_train_kwargs(ns, "steps", "eval_every", "checkpoint_every", "device",
+                                                                "compile")}
     if ns.seed is not None:
         d["seed"] = ns.seed
     try:
@@ -348,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run directory (default runs/TASK/PATH/seedN)")
     t.add_argument("--device",
                    help="cpu (default), cuda, cuda:N, mps or auto; not part of the run's identity")
+    t.add_argument("--compile", nargs="?", const=True, metavar="BACKEND",
+                   help="torch.compile the training forward (inductor, or the backend named); the first step "
+                        "compiles (tens of seconds on a CPU), so it pays only for long runs (docs/benchmarks.md); "
+                        "not part of the run's identity")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 

@@ -166,11 +166,21 @@ class BilinearContentBias(AttentionPrior):
         return self._factors(weights["W_cq"], weights["W_ck"], inputs)
 
     def _factors(self, W_cq: Tensor, W_ck: Tensor, inputs: PriorInputs) -> tuple[Tensor, Tensor]:
+        """Both factors from one matrix product ``e @ [W_cq | W_ck]`` (``[d_model, head * 2r]``; with a
+        member axis one ``bmm``), queries then kept at ``query_index``: fewer, larger kernels than
+        a product per factor (the rows not kept cost ``batch * pos * head * r`` multiply-adds)."""
         e = inputs.token_embed
-        eq = e if inputs.query_index is None else e[..., inputs.query_index, :]
-        cq = torch.einsum("...bpd,...hdr->...bhpr", eq, W_cq) * self.scale  # [*E, batch, head, query_pos, r]
-        ck = torch.einsum("...bpd,...hdr->...bhpr", e, W_ck)  # [*E, batch, head, pos, r]
-        return cq, ck
+        H, D, r = W_cq.shape[-3:]
+        w = torch.cat([W_cq, W_ck], -1).movedim(-3, -2).flatten(-2)  # [*E, d_model, head * 2r]
+        if w.dim() == 2:
+            both = e @ w
+        else:  # [E, batch, pos, d_model] @ [E, d_model, head * 2r], one bmm
+            both = torch.bmm(e.reshape(w.shape[0], -1, D), w).view(*e.shape[:-1], w.shape[-1])
+        both = both.unflatten(-1, (H, 2 * r)).transpose(-3, -2)  # [*E, batch, head, pos, 2r]
+        cq, ck = both[..., :r], both[..., r:]
+        if inputs.query_index is not None:
+            cq = cq[..., inputs.query_index, :]
+        return cq * self.scale, ck  # [*E, batch, head, query_pos, r], [*E, batch, head, pos, r]
 
     def forward(self, inputs: PriorInputs) -> Float[Tensor, "batch head query_pos key_pos"]:
         cq, ck = self.factors(inputs)

@@ -64,9 +64,15 @@ class TrainConfig:
     eval_conditions: tuple = ("normal", "zero", "param", "half")
     # where to train: cpu | cuda[:N] | mps | auto. Not part of the run's identity (see RunConfig.identity)
     device: str = "cpu"
+    # torch.compile the training forward: False (eager), True (inductor) or a torch.compile backend name.
+    # Not part of the run's identity: compiled and eager runs differ by rounding only (see docs/benchmarks.md)
+    compile: bool | str = False
 
     def __post_init__(self):
         check_device_name(self.device)
+        if not isinstance(self.compile, (bool, str)) or self.compile == "":
+            raise ValueError(f"TrainConfig.compile must be true, false or a torch.compile backend name, "
+                             f"got {self.compile!r}")
         for name in ("steps", "batch_size", "eval_every", "eval_size", "checkpoint_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -179,13 +185,17 @@ class RunConfig:
         d["train"] = asdict(self.train)
         if d["train"]["device"] == "cpu":
             del d["train"]["device"]  # the default is left out: config files stay as before
+        if d["train"]["compile"] is False:
+            del d["train"]["compile"]  # likewise
         return {"circuitfade_version": __version__, **d}
 
     def identity(self) -> dict:
-        """:meth:`to_dict` without the device: a run is the same experiment wherever it
-        trains (cache keys and resume checks use this; devices differ only by rounding)."""
+        """:meth:`to_dict` without the device and the compile switch: a run is the same experiment
+        wherever and however it trains (cache keys and resume checks use this; devices and compiled
+        kernels differ only by rounding)."""
         d = self.to_dict()
         d["train"].pop("device", None)
+        d["train"].pop("compile", None)
         return d
 
     @classmethod

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -69,7 +70,7 @@ from circuitfade.train.rundir import RunDir
 from circuitfade.train.optim import clip_grad_norm
 from circuitfade.train.state import Run, new_run, one_thread
 
-__all__ = ["train", "fit", "branch", "branch_config", "row_at_step", "Sampler", "Logger"]
+__all__ = ["train", "fit", "branch", "branch_config", "row_at_step", "training_forward", "Sampler", "Logger"]
 
 
 def _set_gates_for_step(model: SoftPriorTransformer, path: GatePath, step: int, last: float | None = None) -> float | None:
@@ -102,6 +103,18 @@ Logger = Callable[[int, dict], None]
 """``logger(step, metrics)``: called with each evaluation row; see :mod:`circuitfade.train.loggers`."""
 
 
+def training_forward(model: SoftPriorTransformer, compile: bool | str = False):
+    """What the training step calls: ``model`` itself, or with ``compile`` (``True``: inductor, or a
+    backend name) ``torch.compile(model)``, which shares the model's parameters and buffers (the
+    optimizer, checkpoints and evaluation see the same tensors). Gate schedules write buffers, so
+    they need no recompilation; a gate override (prior dropout, dual loss) compiles a second graph."""
+    if not compile:
+        return model
+    import torch._dynamo  # noqa: F401  (imported here: eager runs never load the compiler)
+
+    return torch.compile(model, backend="inductor" if compile is True else compile, dynamic=False)
+
+
 def _finite_weights(model: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
@@ -129,7 +142,9 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
     or ``on_step`` ends the call at that step. Gradients are clipped over the optimizer's
     parameters (``run.optimizer`` may be any optimizer with ``param_groups``, ``zero_grad`` and
     ``step``, e.g. :class:`~circuitfade.train.langevin.LangevinNoise`).
-    Computes with one torch thread.
+    Computes with one torch thread. With ``config.train.compile`` the training forward is
+    compiled with ``torch.compile`` (:func:`training_forward`; evaluation stays eager): the first step then
+    includes the compilation, whose seconds are kept in ``run.compile_seconds``.
 
     Raises :class:`TrainingDiverged` (before updating the weights) when the loss or
     the gradient norm is non-finite, or when an update leaves non-finite weights
@@ -152,6 +167,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
     eval_batch = eval_batch.to(device) if device.type != "cpu" else eval_batch
 
     hooks = Callbacks(callbacks)
+    forward = training_forward(model, tc.compile)
 
     def record(loss_value: float) -> bool:
         row = row_at_step(run, loss_value)
@@ -179,7 +195,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
         model.train()
 
     def advance() -> int:
-        nonlocal gate_now, loss_value
+        nonlocal gate_now, loss_value, first_compiled
         gate_now = _set_gates_for_step(model, path, run.step, gate_now)
         if sampler is not None:
             batch = sampler(run.step, run.data_gen)
@@ -188,16 +204,20 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
         if device.type != "cpu":
             batch = batch.to(device)
         drop = tc.prior_dropout > 0 and torch.rand((), generator=run.dropout_gen).item() < tc.prior_dropout
+        t0 = time.perf_counter() if first_compiled else None
         with model.gates(**{p: 0.0 for p in priors}) if drop else contextlib.nullcontext():
-            loss = task.loss(answer_logits(model, batch), batch)  # last block at answer positions only
+            loss = task.loss(answer_logits(forward, batch), batch)  # last block at answer positions only
         if tc.dual_loss:
             with model.gates(**{p: 0.0 for p in priors}):
-                loss = loss + task.loss(answer_logits(model, batch), batch)
+                loss = loss + task.loss(answer_logits(forward, batch), batch)
         task_loss = loss
         if hooks:
             loss = hooks.on_loss(run, batch, loss)
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if t0 is not None:
+            first_compiled = False
+            run.compile_seconds = time.perf_counter() - t0
         norm = clip_grad_norm(params, tc.grad_clip)
         loss_value = float(task_loss.detach())
         diverged = divergence(run.step, loss_value, float(norm))
@@ -224,6 +244,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
 
     params = clip_list(run.optimizer)
     gate_now = None  # the gate buffers' value as last set here (None: set them at the first step)
+    first_compiled = forward is not model  # time the first compiled step (it compiles the graphs)
     loss_value = math.nan
     with one_thread():
         step_loop(now=lambda: run.step, until=until, eval_every=tc.eval_every, first=first, advance=advance,

@@ -46,6 +46,7 @@ class Run:
     dropout_gen: torch.Generator
     step: int = 0
     metrics: list[dict] = field(default_factory=list)
+    compile_seconds: float | None = None  # the first compiled step's seconds (config.train.compile)
 
 
 def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -51,8 +51,11 @@ def adamw_step(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor], *, l
 
 
 def time_steps(fns: Mapping[str, Callable[[], None]], *, steps: int = 30, rounds: int = 5, warmup: int = 5,
-               threads: int | None = 1) -> dict[str, list[float]]:
-    """``{name: [ms per call in round 1, round 2, ...]}`` with the functions interleaved round by round."""
+               threads: int | None = 1, clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """``{name: [ms per call in round 1, round 2, ...]}`` with the functions interleaved round by round.
+    ``clock``: wall time (``time.perf_counter``, the default) or this process's CPU time
+    (``time.process_time``: with one thread, steadier than wall time on a machine shared with
+    other work)."""
     if steps < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"steps and rounds must be >= 1 and warmup >= 0; got {steps}, {rounds}, {warmup}")
     times: dict[str, list[float]] = {n: [] for n in fns}
@@ -62,10 +65,10 @@ def time_steps(fns: Mapping[str, Callable[[], None]], *, steps: int = 30, rounds
                 fn()
         for _ in range(rounds):
             for name, fn in fns.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 for _ in range(steps):
                     fn()
-                times[name].append((time.perf_counter() - t0) / steps * 1e3)
+                times[name].append((clock() - t0) / steps * 1e3)
     return times
 
 
