@@ -537,7 +537,10 @@ class SoftPriorCore:
             raise ValueError(f"tokens must be an integer tensor [batch, pos]; got {tuple(tokens.shape)} {tokens.dtype}")
         if tokens.shape[1] > self.cfg.n_ctx:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds the context n_ctx={self.cfg.n_ctx}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
+        # (not while torch.compile traces: reading values would break the graph; the embedding lookup
+        # still refuses an id out of range)
+        if tokens.numel() and not torch.compiler.is_compiling() \
+                and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
             raise ValueError(
                 f"token ids must be in [0, {self.cfg.d_vocab}); got min {int(tokens.min())}, max {int(tokens.max())}"
             )
