@@ -25,7 +25,10 @@ Figures (``assets/figures/``), traced from the *copies* with
 * ``fade600to0_timeline_successor_mass`` / ``fade600to0_timeline_ablation_importance``:
   the consolidation timeline (per-head lines, gate overlaid, threshold crossings);
 * ``training_curves_unforced`` / ``training_curves_fade600to0``;
-* ``unforced_gate_interventions``: accuracy with each gate zeroed at the final step.
+* ``unforced_gate_interventions``: accuracy with each gate zeroed at the final step;
+* ``circuits_graph``, ``circuits_edge_heatmap``, ``circuits_faithfulness``: edge attribution
+  (EAP-IG) of the fade series, the figures of the docs' "Circuits across checkpoints" page
+  (``--circuit-figures-only`` redraws just these).
 
 HTML files load plotly.js from its CDN to stay small (``--embed-plotlyjs`` embeds it,
 about 4.8 MB per file); PNG versions are written when the optional ``kaleido==0.2.1``
@@ -101,14 +104,14 @@ def copy_run(run_dir: Path, dest: Path) -> Path:
 def write_figures(figures: dict, out: Path, *, embed: bool) -> list[str]:
     """Each figure as ``<name>.html`` and, when an image exporter works (:func:`export.image_exporter`), ``.png``."""
     out.mkdir(parents=True, exist_ok=True)
-    export, why = export.image_exporter()
-    if export is None:
+    exporter, why = export.image_exporter()
+    if exporter is None:
         print(f"PNG export skipped: {why}; {export.EXPORTER_HINT}")
     written = []
     for name, fig in figures.items():
         plots.save(fig, out / f"{name}.html", plotlyjs="embed" if embed else "cdn")
         written.append(f"{name}.html")
-        if export is not None:
+        if exporter is not None:
             plots.save(fig, out / f"{name}.png")
             written.append(f"{name}.png")
     return written
@@ -158,6 +161,34 @@ def make_figures(series_dirs: dict[str, Path], out: Path, *, n: int, embed: bool
             "n_checkpoints": len(fade), "written": written}
 
 
+CIRCUIT_STEPS = (0, 600, 1200, 2400, 3600)
+"""The checkpoints of the shipped fade series the circuit figures trace."""
+
+
+def make_circuit_figures(fade_dir: Path, out: Path, *, n: int = 32, steps: int = 3, embed: bool = False) -> list[str]:
+    """The figures of the docs' "Circuits across checkpoints" page, from the shipped fade series:
+    ``circuits_graph`` (the top-12 edges at the last step), ``circuits_edge_heatmap`` (the top 20
+    edges over :data:`CIRCUIT_STEPS`) and ``circuits_faithfulness`` (the faithfulness curve at the
+    last step), EAP-IG with ``steps`` steps on ``n`` examples and their counterfactual pairs."""
+    from circuitfade.analysis.edges import counterfactual_batch, edge_attribution, edge_scores, faithfulness_curve
+    from circuitfade.viz.circuits import circuit_graph, edge_heatmap, faithfulness_figure
+
+    fade = attach(fade_dir).select(list(CIRCUIT_STEPS))
+    traced = trace(fade, [edge_attribution(steps=steps)], n=n, progress=False)
+    last = fade.steps[-1]
+    clean = eval_set(fade.task, n=n)
+    corrupted = counterfactual_batch(clean)
+    model = fade[last]
+    scores = edge_scores(model, clean, corrupted, method="eap-ig", steps=steps)
+    curve = faithfulness_curve(model, clean, corrupted, scores, ks=[0, 2, 5, 10, 15, 20, 30, 40, 60, len(scores)])
+    figures = {
+        "circuits_graph": circuit_graph(traced, k=12, step=last),
+        "circuits_edge_heatmap": edge_heatmap(traced, top=20),
+        "circuits_faithfulness": faithfulness_figure(curve, fraction=0.8),
+    }
+    return write_figures(figures, out, embed=embed)
+
+
 def _size_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
@@ -175,13 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="600-step runs, for trying the script (not for shipping)")
     ap.add_argument("--figures-only", action="store_true",
                     help="redraw assets/figures from the shipped series (no training)")
+    ap.add_argument("--circuit-figures-only", action="store_true",
+                    help="redraw only the circuit figures of the docs from the shipped fade series")
     ns = ap.parse_args(argv)
     torch.set_num_threads(1)
     t_start = time.time()
+    if ns.circuit_figures_only:
+        written = make_circuit_figures(Path(ns.series_out) / "fade600to0", Path(ns.out) / "figures",
+                                       embed=ns.embed_plotlyjs)
+        print(f"figures: {', '.join(written)} ({time.time() - t_start:.0f} s)")
+        return 0
     if ns.figures_only:
         out = Path(ns.out)
         res = make_figures({name: Path(ns.series_out) / name for name in RUNS}, out / "figures", n=ns.n,
                            embed=ns.embed_plotlyjs)
+        res["written"] += make_circuit_figures(Path(ns.series_out) / "fade600to0", out / "figures",
+                                               embed=ns.embed_plotlyjs)
         print(res["table"])
         print(f"\nfigures: {', '.join(res['written'])} ({time.time() - t_start:.0f} s)")
         return 0
@@ -203,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(ns.out)
     series_dirs = {name: copy_run(d, Path(ns.series_out) / name) for name, d in run_dirs.items()}
     res = make_figures(series_dirs, out / "figures", n=ns.n, embed=ns.embed_plotlyjs)
+    res["written"] += make_circuit_figures(series_dirs["fade600to0"], out / "figures", embed=ns.embed_plotlyjs)
 
     print(f"\nConsolidation timeline of {series_dirs['fade600to0']} "
           f"({res['n_checkpoints']} checkpoints, n = {ns.n}; traced in {res['trace_s']:.1f} s):\n")
