@@ -20,10 +20,8 @@ Per checkpoint: seconds for circuitfade's ``edge_scores(method="eap")`` and for 
 is part of its work per checkpoint, loading is not counted for either), and the largest
 difference between the two scores of a shared edge. One torch thread.
 
-auto-circuit 1.0.1 runs on TransformerLens 3.x only (``HookedTransformer`` was removed in 4.0)
-and imports ``transformer_lens.past_key_value_caching``, which 3.9 renamed: this script puts a
-stand-in module of that name in ``sys.modules`` for the import only (auto-circuit uses the class
-for type hints and prompt-prefix caching, not here). ``make test``'s environment installs it.
+auto-circuit 1.0.1 runs on TransformerLens 3.x only; :mod:`circuitfade.analysis.peers` imports and
+runs it (and says where the two differ by design). ``make test``'s environment installs it.
 
     python benchmarks/edges_auto_circuit.py [--n 32] [--every 3] [--pythia-checkpoints 3]
 """
@@ -31,11 +29,9 @@ for type hints and prompt-prefix caching, not here). ``make test``'s environment
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 from results_files import command_line, write_outputs
@@ -43,73 +39,16 @@ from results_files import command_line, write_outputs
 REPO = Path(__file__).resolve().parents[1]
 
 
-def import_auto_circuit() -> types.SimpleNamespace:
-    """auto-circuit's graph, data and EAP functions (with the stand-in for the renamed module)."""
-    import transformer_lens as tl
-
-    old = "transformer_lens.past_key_value_caching"
-    added_attr = not hasattr(tl, "HookedTransformerKeyValueCache")
-    added_module = old not in sys.modules and importlib.util.find_spec(old) is None
-    if added_attr:
-        tl.HookedTransformerKeyValueCache = tl.TransformerLensKeyValueCache
-    if added_module:
-        shim = types.ModuleType(old)
-        shim.HookedTransformerKeyValueCache = tl.TransformerLensKeyValueCache
-        sys.modules[old] = shim
-    try:
-        from auto_circuit.data import PromptDataLoader, PromptDataset
-        from auto_circuit.prune_algos.mask_gradient import mask_gradient_prune_scores
-        from auto_circuit.utils.graph_utils import patchable_model
-    finally:
-        if added_attr:
-            del tl.HookedTransformerKeyValueCache
-        if added_module:
-            sys.modules.pop(old, None)
-    return types.SimpleNamespace(PromptDataLoader=PromptDataLoader, PromptDataset=PromptDataset,
-                                 mask_gradient=mask_gradient_prune_scores, patchable_model=patchable_model)
-
-
-def _name(node: str) -> str:
-    if node == "Resid Start":
-        return "input"
-    if node == "Resid End":
-        return "logits"
-    if node.startswith("MLP "):
-        return f"MLP{node.split()[1]}"
-    layer, head, *role = node[1:].split(".")
-    return f"L{layer}H{head}" + (f".{role[0].lower()}" if role else "")
-
-
-def auto_circuit_eap(ac, model, clean, corrupted) -> dict[str, float]:
-    """auto-circuit's EAP (mask gradient at 0, logit difference at the last position) of a plain
-    ``HookedTransformer``, wrapped in place: ``{circuitfade edge name: score}``."""
-    import torch
-
-    last = clean.tokens.shape[1] - 1
-    for flag in ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in"):
-        setattr(model.cfg, flag, True)
-    model.setup()
-    model.eval()
-    data = ac.PromptDataset(clean.tokens, corrupted.tokens, [t[None] for t in clean.targets[:, last]],
-                            [t[None] for t in corrupted.targets[:, last]])
-    loader = ac.PromptDataLoader(data, seq_len=None, diverge_idx=0, batch_size=len(clean), shuffle=False)
-    patchable = ac.patchable_model(model, factorized=True, slice_output="last_seq", separate_qkv=True,
-                                   device=torch.device("cpu"))
-    scores = ac.mask_gradient(patchable, loader, None, grad_function="logit", answer_function="avg_diff",
-                              mask_val=0.0)
-    return {f"{_name(e.src.name)}->{_name(e.dest.name)}": float(scores[e.dest.module_name][e.patch_idx])
-            for e in patchable.edges}
-
-
 def compare(ac, model, plain, clean, corrupted, gates) -> dict:
     """Both libraries' EAP on one checkpoint: seconds, edge counts, largest difference."""
     from circuitfade.analysis.edges import edge_graph, edge_scores
+    from circuitfade.analysis.peers import auto_circuit_eap
 
     graph = edge_graph(model)
     t0 = time.perf_counter()
     ours = edge_scores(model, clean, corrupted, method="eap", gates=gates, graph=graph, resamples=200)
     t1 = time.perf_counter()
-    ref = auto_circuit_eap(ac, plain, clean, corrupted)
+    ref = auto_circuit_eap(plain, clean, corrupted, ac=ac)
     t2 = time.perf_counter()
     shared = ours[ours["edge"].isin(list(ref))]
     diff = max(abs(v - ref[e]) for e, v in zip(shared["edge"], shared["value"]))
@@ -212,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("auto-circuit 1.0.1 needs TransformerLens 3.x (HookedTransformer was removed in 4.0)")
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", DeprecationWarning)
+    from circuitfade.analysis.peers import import_auto_circuit
+
     ac = import_auto_circuit()
     rows = default_series(ac, args.n, args.every) + pythia_series(ac, args.pythia_checkpoints, args.pythia_n,
                                                                   args.pythia_pos)

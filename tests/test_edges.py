@@ -21,7 +21,7 @@ from circuitfade.analysis.edges import (
     smallest_circuit,
     top_edges,
 )
-from circuitfade.tasks import eval_set
+from circuitfade.tasks import Batch, eval_set
 
 PLANTED = {"input->L0H0.v", "L0H0->L1H0.v", "L1H0->logits"}
 """The planted copy circuit: L0H0 moves the token at position 0 into subspace A at every
@@ -346,3 +346,19 @@ def test_figures_show_the_top_edges_per_step():
     star = faithfulness_figure(curve, fraction=0.8).data[-1]
     assert list(star.x) == [4] and "4 edges" in star.name
     assert smallest_circuit(curve, 0.95)["k"] == 8 and smallest_circuit(curve.iloc[:3], 0.95)["k"] is None
+
+
+def test_auto_circuit_names_and_inputs_translate_without_the_peer():
+    """The peer adapter's name translation, and its refusal of batches it would score wrongly
+    (auto-circuit reads the last position's logits only), need no auto-circuit installed."""
+    from circuitfade.analysis.peers import auto_circuit_eap, auto_circuit_node_name
+
+    assert [auto_circuit_node_name(n) for n in ("Resid Start", "Resid End", "MLP 1", "A1.3", "A0.2.Q", "A1.0.V")] \
+        == ["input", "logits", "MLP1", "L1H3", "L0H2.q", "L1H0.v"]
+    tokens = torch.zeros(2, 5, dtype=torch.long)
+    two_answers = Batch.from_answers(tokens, [[2, 4], [4]], targets=torch.ones(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="one answer position per example, the last"):
+        auto_circuit_eap(None, two_answers, two_answers, ac=object())
+    not_last = Batch.from_answers(tokens, [[3], [3]], targets=torch.ones(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="the last"):
+        auto_circuit_eap(None, not_last, not_last, ac=object())
