@@ -468,7 +468,9 @@ def test_what_members_share_and_what_cannot_be_a_member():
     assert len({ensemble_key(c) for c in other} | {ensemble_key(base)}) == len(other) + 1
     branch = RunConfig(path="posthoc5", parent={"run": "/nowhere", "step": 3600}, train=TrainConfig(steps=3605))
     rotary = RunConfig(model={"positional_embedding_type": "rotary"})
+    compiled = RunConfig(train=TrainConfig(compile=True))
     assert "branch" in ensemble_refusal(branch) and "rotary" in ensemble_refusal(rotary)
+    assert "compile" in ensemble_refusal(compiled)
     assert ensemble_refusal(base) is None
     with pytest.raises(ValueError, match="cannot join an ensemble"):
         ensemble_key(branch)

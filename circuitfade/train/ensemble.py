@@ -34,7 +34,8 @@ a member resumed alone by :func:`~circuitfade.train.loop.train` continues as a s
 
 What cannot be a member (:func:`ensemble_refusal`): branches (``config.parent``; they
 start from another run's checkpoint), rotary positions and ``post_embedding_ln`` (the
-model has no fused path for them). They train as single runs.
+model has no fused path for them), and compiled runs (``TrainConfig.compile``: the ensemble
+trainer runs eagerly). They train as single runs.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def ensemble_refusal(cfg: RunConfig) -> str | None:
     """Why ``cfg`` cannot be an ensemble member (one line), or ``None`` if it can."""
     if cfg.parent:
         return "a branch starts from its parent's checkpoint: trained as a single run"
+    if cfg.train.compile:
+        return "TrainConfig.compile: the ensemble trainer runs eagerly, so a compiled run trains as a single run"
     mc = cfg.model_config()
     if mc.positional_embedding_type == "rotary":
         return "rotary positions have no fused path: trained as a single run"
