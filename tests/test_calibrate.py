@@ -88,3 +88,20 @@ def test_run_sweep_auto_follows_the_measurement(tmp_path, monkeypatch, speedups,
 def test_the_real_measurement_times_both_trainers_here():
     speedups = cal.measure_speedups(configs(1)[0], members=(2,), steps=4)
     assert set(speedups) == {2} and math.isfinite(speedups[2]) and speedups[2] > 0
+
+
+def test_the_forced_ensemble_takes_its_size_from_the_measurement_here(tmp_path, monkeypatch):
+    """``executor="ensemble"`` without ``ensemble_size``: the size that measured fastest on this machine
+    (even where the ensemble as a whole is not faster), never a figure measured elsewhere."""
+    assert cal.ensemble_size_here(configs(), measure=lambda c: {4: 1.4, 16: 1.1}) == 4
+    assert cal.ensemble_size_here(configs(d_model=32), measure=lambda c: {4: 0.8, 16: 0.9}) == 16
+    assert cal.ensemble_size_here(configs(1), measure=lambda c: {4: 2.0}) is None  # nothing to batch
+    monkeypatch.setattr(cal, "measure_speedups", lambda cfg: {4: 1.0, 16: 1.2})
+    seen = []
+    import circuitfade.train.sweep as sweep
+
+    real = sweep.plan_jobs
+    monkeypatch.setattr(sweep, "plan_jobs", lambda wave, size, workers: seen.append(size) or real(wave, size, workers))
+    res = run_sweep(configs(3, d_model=16, d_head=8), tmp_path / "runs", executor="ensemble", workers=1,
+                    progress=False)
+    assert list(res.status) == ["done"] * 3 and seen == [16]

@@ -30,7 +30,7 @@ from circuitfade.io import read_json, write_json
 from circuitfade.model.devices import machine
 from circuitfade.train.config import RunConfig
 
-__all__ = ["ExecutorChoice", "choose_executor", "decide", "measure_speedups", "CANDIDATE_MEMBERS", "MARGIN",
+__all__ = ["ExecutorChoice", "choose_executor", "ensemble_size_here", "decide", "measure_speedups", "CANDIDATE_MEMBERS", "MARGIN",
            "CACHE_ENV", "EXECUTOR_ENV"]
 
 CANDIDATE_MEMBERS = (4, 16)
@@ -120,6 +120,44 @@ def _key(cfg: RunConfig, info: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _measured(configs: Sequence[RunConfig], measure: Callable[[RunConfig], dict[int, float]] | None,
+              cache: bool) -> tuple[dict[int, float], dict, str] | None:
+    """``(speedups, machine, "cache" | "measured")`` of :func:`measure_speedups` for the most common
+    model shape among ``configs`` that can share an ensemble, cached per machine and shape; ``None``
+    when fewer than two of them share a shape."""
+    from circuitfade.train.ensemble import ensemble_refusal
+
+    members = [c for c in configs if ensemble_refusal(c) is None]
+    if len(members) < 2:
+        return None
+    by_shape: dict[str, list[RunConfig]] = {}
+    info = machine()
+    for c in members:
+        by_shape.setdefault(_key(c, info), []).append(c)
+    key, group = max(by_shape.items(), key=lambda kv: len(kv[1]))
+    if len(group) < 2:
+        return None
+    path = _cache_file()
+    table = {}
+    if cache and path.is_file():
+        try:
+            table = dict(read_json(path))
+        except (OSError, ValueError):
+            table = {}  # an unreadable cache is measured again and rewritten
+        if key in table:
+            return {int(e): float(s) for e, s in table[key]["speedups"].items()}, info, "cache"
+    speedups = (measure or measure_speedups)(group[0])
+    if cache:
+        table[key] = {"speedups": {str(k): v for k, v in speedups.items()}, "machine": info,
+                      "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(path, table)
+        except OSError:
+            pass  # a read-only home: the choice stands, measured again next time
+    return speedups, info, "measured"
+
+
 def choose_executor(configs: Sequence[RunConfig], *, measure: Callable[[RunConfig], dict[int, float]] | None = None,
                     cache: bool = True) -> ExecutorChoice:
     """The executor for training ``configs`` here: ``CIRCUITFADE_EXECUTOR`` if set (``local`` or
@@ -131,38 +169,21 @@ def choose_executor(configs: Sequence[RunConfig], *, measure: Callable[[RunConfi
         if forced not in ("local", "ensemble"):
             raise ValueError(f"{EXECUTOR_ENV}={forced!r}: expected 'local' or 'ensemble'")
         return ExecutorChoice(forced, None, source="forced")
-    from circuitfade.train.ensemble import ensemble_refusal
-
-    members = [c for c in configs if ensemble_refusal(c) is None]
-    if len(members) < 2:
+    measured = _measured(configs, measure, cache)
+    if measured is None:
         return ExecutorChoice("local", None, source="not applicable")
-    by_shape: dict[str, list[RunConfig]] = {}
-    info = machine()
-    for c in members:
-        by_shape.setdefault(_key(c, info), []).append(c)
-    key, group = max(by_shape.items(), key=lambda kv: len(kv[1]))
-    if len(group) < 2:
-        return ExecutorChoice("local", None, source="not applicable")
-    path = _cache_file()
-    table = {}
-    if cache and path.is_file():
-        try:
-            table = dict(read_json(path))
-        except (OSError, ValueError):
-            table = {}  # an unreadable cache is measured again and rewritten
-        if key in table:
-            speedups = {int(e): float(s) for e, s in table[key]["speedups"].items()}
-            executor, e = decide(speedups)
-            return ExecutorChoice(executor, e, speedups, info, "cache")
-    speedups = (measure or measure_speedups)(group[0])
+    speedups, info, source = measured
     executor, e = decide(speedups)
-    choice = ExecutorChoice(executor, e, speedups, info, "measured")
-    if cache:
-        table[key] = {"speedups": {str(k): v for k, v in speedups.items()}, "machine": info,
-                      "when": time.strftime("%Y-%m-%d %H:%M:%S")}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(path, table)
-        except OSError:
-            pass  # a read-only home: the choice stands, measured again next time
-    return choice
+    return ExecutorChoice(executor, e, speedups, info, source)
+
+
+def ensemble_size_here(configs: Sequence[RunConfig], *, measure: Callable[[RunConfig], dict[int, float]] | None = None,
+                       cache: bool = True) -> int | None:
+    """The ensemble size of :data:`CANDIDATE_MEMBERS` that trained the most runs per second here
+    (the same cached measurement as :func:`choose_executor`), for ``run_sweep(executor="ensemble")``
+    without an ``ensemble_size``; ``None`` when fewer than two of ``configs`` share a shape."""
+    measured = _measured(configs, measure, cache)
+    if measured is None:
+        return None
+    speedups = measured[0]
+    return max(speedups, key=lambda e: (speedups[e], -e))

@@ -189,8 +189,10 @@ def run_sweep(
     Finished runs (``done.json`` present, same config) are not retrained, whichever executor
     trained them. The local and ensemble executors *spawn* worker processes, so a script
     calling this must do so under ``if __name__ == "__main__":`` (notebooks and the CLI need
-    nothing). ``ensemble_size``: most members per ensemble (executor ``"ensemble"``; default
-    :func:`~circuitfade.train.ensemble.default_ensemble_size` of the runs' device). With
+    nothing). ``ensemble_size``: most members per ensemble (executor ``"ensemble"``; default on the
+    CPU: the size that trained the most runs per second in this machine's calibration,
+    :func:`~circuitfade.train.calibrate.ensemble_size_here`, cached; on another device
+    :func:`~circuitfade.train.ensemble.default_ensemble_size`). With
     ``executor="ray"`` and an ``address``, an address where nothing answers within
     :data:`RAY_CONNECT_TIMEOUT_S` seconds raises ``ValueError`` (one line) before any work.
     ``executor="auto"``: the ensemble or the local pool, whichever
@@ -212,6 +214,12 @@ def run_sweep(
     if ensemble_size is not None and (isinstance(ensemble_size, bool) or not isinstance(ensemble_size, int)
                                       or ensemble_size < 1):
         raise ValueError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
+    configs = list(configs)
+    if executor == "ensemble" and ensemble_size is None and configs \
+            and all(c.train.device == "cpu" for c in configs):
+        from circuitfade.train.calibrate import ensemble_size_here
+
+        ensemble_size = ensemble_size_here(configs)  # measured on this machine (cached), not a constant
     if executor == "ray" and address:
         check_ray_address(address)
     root = Path(root)
