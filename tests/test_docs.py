@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_root import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 STUDIES = ("paper", "removability", "history", "development", "alignment")
 API_PACKAGES = ("model", "tasks", "gating", "train", "store", "analysis", "viz", "commands")

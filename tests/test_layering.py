@@ -7,9 +7,10 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from repo_root import REPO
 
 
-PKG = Path(__file__).resolve().parents[1] / "circuitfade"
+PKG = REPO / "circuitfade"
 
 # lowest first; a module's layer is that of its first dotted component below circuitfade
 LAYERS = ["io", "stats", "claims", "compat", "model", "tasks", "gating", "train", "store", "analysis", "viz", "commands",

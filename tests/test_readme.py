@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from repo_root import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 

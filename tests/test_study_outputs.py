@@ -17,8 +17,8 @@ import pytest
 from circuitfade.io import check_outputs, write_text
 from circuitfade.train import RunLocked
 from studies.common import StudyOutputs, study_folder, study_main
+from repo_root import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 PROG = "python -m studies.planted"
 
 
