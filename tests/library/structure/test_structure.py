@@ -685,7 +685,7 @@ def test_the_public_surface_checkers_see_planted_violations(tmp_path):
 
 
 def test_the_limit_checker_fires_above_the_limit(monkeypatch):
-    import tests.test_structure as me
+    me = sys.modules[__name__]
 
     monkeypatch.setattr(me, "PUBLIC_LIMIT", len(_public_names()) - 1)
     with pytest.raises(AssertionError, match="public names"):
