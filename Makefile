@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	# the TransformerLens 3.9 line here (the HookedTransformer subclass); make test-tl4 runs the 4.3 line
 	$(PY) -m pip install -q -e '.[dev]' 'transformer-lens>=3.9,<4'
-	# auto-circuit, the peer tests/test_edges_auto_circuit.py checks the edge scores against: without its declared
-	# dependencies (tracr, word2word, a tqdm fork are not used by its edge attribution), with the three it imports
+	# auto-circuit, the peer tests/library/analysis/test_edges_auto_circuit.py checks the edge scores against:
+	# without its declared dependencies (tracr, word2word, a tqdm fork are not used by its edge attribution), with
+	# the three it imports
 	$(PY) -m pip install -q --no-deps 'auto-circuit==1.0.1'
 	$(PY) -m pip install -q 'attrs>=23' 'ordered-set>=4.1' 'blobfile>=2.0.2'
 	touch $(STAMP)
@@ -44,7 +45,8 @@ test-tl4: $(STAMP_TL4)
 # too) and every user-facing page and tutorial (the README and docs blocks, the notebooks)
 test-tl4-fast: $(STAMP_TL4)
 	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m "not slow"
-	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup tests/tl4 tests/test_readme.py tests/test_tutorials.py
+	$(PY_TL4) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup \
+	  tests/tl4 tests/docs/test_readme.py tests/docs/test_tutorials.py
 
 # the suite on emulated foreign CPUs: torch's kernels without AVX (default) and with AVX2 only, MKL on its
 # compatible / AVX2 code paths. Every test not marked slow, and the slow ones marked numerics (fixtures from

@@ -1,7 +1,7 @@
 """circuitfade: annealable soft-prior Transformers and circuit analysis across checkpoints.
 
 The package is layered; each layer imports only the ones above it in this list
-(``tests/test_layering.py`` enforces it):
+(``tests/library/structure/test_layering.py`` enforces it):
 
 0. ``io``                    atomic writes, pickle-free tensor files, content hashes
    ``stats``                 every statistic (t intervals, Wilson, bootstrap, sign tests)

@@ -1,12 +1,28 @@
-"""Makes ``tests/`` importable (``from planted import CopyTask``) for every test file,
-including those in ``tests/tl4/`` that the TransformerLens-4 environment runs, and the
-repository root (the ``studies`` package beside the library), whichever way pytest is started."""
+"""The test folders, laid out like the code:
+
+* ``library/``: the package's tests, grouped like it: ``model/`` (model, gating, tasks), ``train/``,
+  ``store/``, ``analysis/``, ``commands/`` (the command line and the figures it draws), ``stats/``
+  (statistics and claims), ``structure/`` (layering and the shape of the code base);
+* ``studies/``: the tests of the research protocols in ``studies/`` (their rules, declarations,
+  outputs and committed findings);
+* ``docs/``: the README, every docs page and the tutorials;
+* ``tl4/``: the line-specific and line-equivalence tests (marker ``tl4``).
+
+Here sit the helpers the test files share (``planted``, ``planted_jobs``, ``tolerances``, and
+``repo_root`` for the repository's path). This file puts ``tests/``, every folder under it that holds
+test files, and the repository root (the ``studies`` package beside the library) on ``sys.path``,
+whichever way pytest is started, so ``from planted import CopyTask`` and a test file's imports from
+another (``from test_ensemble import ...``) work from any folder. The folders are no packages: each
+test file's name is unique across them."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(1, str(TESTS.parent))
+for i, folder in enumerate(sorted({p.parent for p in TESTS.rglob("test_*.py")} - {TESTS}), start=2):
+    sys.path.insert(i, str(folder))
 
 import os  # noqa: E402
 import tempfile  # noqa: E402

@@ -40,7 +40,7 @@ no exclusions), which divides the attention on the detection pattern by the tota
 attention ``T`` of the sequence: on the same tokens,
 ``detect_head(..., "previous_token_head") == previous_token_score * (T - 1) / T`` and,
 on ``repeated_tokens`` (distinct first copy), ``detect_head(..., "induction_head") ==
-induction_score * L / T`` (checked in ``tests/test_screens.py``). Our scores are
+induction_score * L / T`` (checked in ``tests/library/analysis/test_screens.py``). Our scores are
 per-query means, so they do not shrink with the prefix or the first copy.
 """
 

@@ -28,7 +28,7 @@ nothing else: :mod:`circuitfade.model.hooked` (a ``HookedTransformer`` subclass,
 TransformerLens 3.x) and :mod:`circuitfade.model.native` (a ``HookedRootModule``, on
 4.x, also importable on 3.x). Because both run this code on the same parameter
 tensors, the same state dict gives bit-identical logits and gradients on both
-(``tests/test_lines_equivalence.py``).
+(``tests/tl4/test_soft_prior_lines.py``).
 """
 
 from __future__ import annotations

@@ -255,7 +255,7 @@ def load_revision(
     as :func:`~circuitfade.store.load_hf_local` does: attention patterns are the same
     either way, head-output spectra are not. The downloads are untested here (no
     network); the bridge in compatibility mode screens a local GPT-NeoX folder exactly
-    as ``load_hf_local`` does (``tests/test_development.py``). To work offline, download
+    as ``load_hf_local`` does (``tests/library/analysis/test_development.py``). To work offline, download
     once, ``save_pretrained`` each revision into ``DIR/stepN/`` and ``attach(DIR)``.
     """
     rev = parse_revision(revision)

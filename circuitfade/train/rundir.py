@@ -18,7 +18,7 @@ for this run at that step (:meth:`RunDir.load_checkpoint`); a folder holding a s
 step, or a step file under another name, is refused (:meth:`RunDir.complete_checkpoints`).
 The optimizer's state is saved as flat tensors (``optim.<index>.<key>``, no pickle):
 :func:`optimizer_to_tensors`, :func:`check_optimizer_tensors`, :func:`optimizer_from_tensors`.
-No other module spells these names (``tests/test_structure.py`` checks it).
+No other module spells these names (``tests/library/structure/test_structure.py`` checks it).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the same functions of :mod:`circuitfade.model.core` (``prior_attention``, ``fuse
 ``fused_logits``) on weights, gates and prior inputs stacked with a leading member axis; :class:`BatchedAdamW` applies torch's AdamW to each member's slices
 with that member's settings. Both do, per member, what the single run's kernels do, so a
 member's loss, gradients and update equal its single run's bit for bit on the CPU (see
-:mod:`circuitfade.train.ensemble`, which trains with them, and ``tests/test_ensemble.py``).
+:mod:`circuitfade.train.ensemble`, which trains with them, and ``tests/library/train/test_ensemble.py``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ was declared after the results, v2 and v3 restate it after the results.
 
 Each rule is a pure function of :class:`~studies.paper.protocol.Measure` values returning
 ``(full, partial)`` three-valued decisions (:mod:`circuitfade.claims`); :data:`RULES` maps a
-claim key to its rule, and ``tests/test_verdict_rules.py`` feeds every rule planted data on
+claim key to its rule, and ``tests/studies/test_verdict_rules.py`` feeds every rule planted data on
 which it must say "reproduced" and data on which it must say "not reproduced".
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from circuitfade import compat
+from repo_root import REPO
 
 pytestmark = pytest.mark.tl4
 tl4_only = pytest.mark.skipif(not compat.is_tl4(), reason="TransformerLens 3.x installed: checks the 4.x behaviour")
@@ -54,7 +55,7 @@ def test_attaching_a_circuitfade_run_written_on_39_works_here():
     from circuitfade.model import SoftPriorTransformer
     from circuitfade.store import attach
 
-    run = Path(__file__).resolve().parents[2] / "circuitfade" / "data" / "series" / "fade600to0"  # shipped, trained on 3.9
+    run = REPO / "circuitfade" / "data" / "series" / "fade600to0"  # shipped, trained on 3.9
     series = attach(run)
     model = series[series.steps[-1]]
     assert isinstance(model, SoftPriorTransformer)
@@ -78,7 +79,7 @@ def test_tl4_requirements_list_every_core_dependency_but_transformer_lens():
     import tomllib
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     name = lambda req: re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower().replace("_", "-")  # noqa: E731
     core = {name(r) for r in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]}
     lines = [ln.strip() for ln in (root / "requirements-tl4.txt").read_text().splitlines()]
@@ -109,7 +110,7 @@ def _outside_the_adapter(pkg):
 def test_only_compat_and_the_model_import_transformer_lens(tmp_path):
     from pathlib import Path
 
-    pkg = Path(__file__).resolve().parents[2] / "circuitfade"
+    pkg = REPO / "circuitfade"
     assert _outside_the_adapter(pkg) == [], "import TransformerLens classes through circuitfade.compat, the model through circuitfade.model"
     # planted: the checker sees a lazy import inside a function of another layer
     (tmp_path / "store").mkdir()

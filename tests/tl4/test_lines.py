@@ -74,7 +74,7 @@ def test_plain_model_is_the_installed_lines_model():
 
 
 def copy_circuit():
-    """As in tests/test_analysis.py: L0H1 copies the token at position 0 to the answer
+    """As in tests/library/analysis/test_analysis.py: L0H1 copies the token at position 0 to the answer
     (score 100/sqrt(8)); L0H0 uniform with a weak copy; L0H2 attends to itself (decoy);
     layer 1 is zero."""
     model = plain(n_layers=2, d_model=2 * V + P, n_ctx=P, d_head=V, n_heads=3, d_vocab=V,
@@ -129,7 +129,7 @@ EXPECTED_LABELS = {(0, 0): "previous_token", (0, 1): "none", (0, 2): "bos", (0, 
 
 @pytest.fixture(scope="module")
 def planted():
-    """As in tests/test_screens.py: previous-token heads L0H0 (copies into PREV) and L1H3,
+    """As in tests/library/analysis/test_screens.py: previous-token heads L0H0 (copies into PREV) and L1H3,
     induction head L1H0 (K-composition), BOS attractors L0H2 and L1H2, the rest uniform."""
     model = plain(n_layers=2, d_model=2 * SV + N, n_ctx=N, d_head=D_HEAD, n_heads=4, d_vocab=SV,
                   attn_only=True, normalization_type=None, positional_embedding_type="standard")

@@ -13,6 +13,7 @@ import pytest
 from studies.alignment import anneal, cure, fdt, ignition, occupation, precursor, unpinned, withheld
 from studies.alignment import parts as P
 from studies.alignment.protocol import DECLARATIONS, VERDICT_COLUMNS, rules_of
+from repo_root import REPO
 
 
 def _word(table: pd.DataFrame, claim: str) -> str:
@@ -396,7 +397,7 @@ def test_provenance_follows_the_declaration_and_the_runs_it_grades():
 def test_the_committed_verdicts_label_what_the_apparatus_forced():
     from pathlib import Path
 
-    v = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "alignment" / "verdicts.csv")
+    v = pd.read_csv(REPO / "results" / "alignment" / "verdicts.csv")
     ablation = v.claim.str.contains("partial credit|non-part head")
     pinned_parts = v[ablation & v.apparatus.str.startswith("pinned") & v.protocol.str.startswith("alignment.parts")]
     assert len(pinned_parts) == 5 and set(pinned_parts.verdict) == {"forced by the apparatus"}

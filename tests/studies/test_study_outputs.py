@@ -17,8 +17,10 @@ import pytest
 from circuitfade.io import check_outputs, write_text
 from circuitfade.train import RunLocked
 from studies.common import StudyOutputs, study_folder, study_main
+from repo_root import REPO, TESTS
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+
 PROG = "python -m studies.planted"
 
 
@@ -146,7 +148,7 @@ def test_one_command_writes_a_folder_at_a_time(out):
 KILLED = """
 import os, signal, sys
 from pathlib import Path
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {paths!r}  # this file's folder and tests/ (its helpers)
 from test_study_outputs import planted_main
 from circuitfade.io import write_text
 from studies.common import study_main
@@ -162,7 +164,7 @@ study_main("python -m studies.planted", main, ["--tag", "b", "--force", "--out",
 def test_a_run_killed_outright_is_put_back_by_the_next_command(out, capsys):
     assert run(out, "--tag", "a") == 0
     before = files(out)
-    code = subprocess.run([sys.executable, "-c", KILLED.format(tests=str(REPO / "tests"), out=str(out))],
+    code = subprocess.run([sys.executable, "-c", KILLED.format(paths=[str(HERE), str(TESTS)], out=str(out))],
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}).returncode
     assert code == -9
     assert files(out)["table1.csv"] == "b table1.csv"  # on disk: the killed run's files...

@@ -1,15 +1,17 @@
 """The package's layers import one way: a module may import its own layer and the
 layers below it, never one above (the order is documented in the README's
-architecture section and in ``circuitfade/__init__.py``)."""
+architecture section and in ``circuitfade/__init__.py``). The tests follow the code: the library's
+tests (``tests/library/``) import no study at module level."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+from repo_root import REPO
 
 
-PKG = Path(__file__).resolve().parents[1] / "circuitfade"
+PKG = REPO / "circuitfade"
 
 # lowest first; a module's layer is that of its first dotted component below circuitfade
 LAYERS = ["io", "stats", "claims", "compat", "model", "tasks", "gating", "train", "store", "analysis", "viz", "commands",
@@ -113,6 +115,41 @@ def test_the_checker_sees_a_study_import(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "PKG", tmp_path / "circuitfade")
     bad = _violations()
     assert len(bad) == 1 and "imports a study (studies.paper)" in bad[0]
+
+
+def _module_level_study_imports(folder: Path) -> list[str]:
+    out = []
+    for path in sorted(folder.rglob("test_*.py")):
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            out += [f"{path.relative_to(folder)}:{node.lineno}: {n}" for n in names if n.split(".")[0] == "studies"]
+    return out
+
+
+def test_the_librarys_tests_import_no_study_at_module_level():
+    """The tests are laid out like the code: a test file that imports a study at module level tests that study
+    and belongs in tests/studies/ (a library test may still run a study inside one test function)."""
+    bad = _module_level_study_imports(REPO / "tests" / "library")
+    assert not bad, "library tests that import a study (move them to tests/studies/):\n" + "\n".join(bad)
+
+
+def test_the_test_layout_checker_sees_a_study_import(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "test_x.py").write_text("import os\nfrom studies.paper import protocol\n\n\n"
+                                                   "def test_y():\n    import studies.history\n")
+    assert _module_level_study_imports(tmp_path) == ["model/test_x.py:2: studies.paper"]
+
+
+def test_test_file_names_are_unique_across_the_test_folders():
+    """tests/conftest.py puts every test folder on sys.path and the folders are no packages: pytest imports a
+    test file by its name, so two files of one name in two folders would clash."""
+    names = [p.name for p in (REPO / "tests").rglob("*.py") if "data" not in p.relative_to(REPO / "tests").parts]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
 
 
 def test_names_that_moved_up_say_where_they_went():

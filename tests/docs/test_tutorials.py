@@ -22,8 +22,8 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # noqa: E402
+from repo_root import REPO  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 TUTORIALS = REPO / "tutorials"
 NOTEBOOKS = ["01_fade_vs_unforced.ipynb", "02_trace_series.ipynb", "03_attach_your_model.ipynb",
              "05_no_partial_credit.ipynb"]

@@ -16,7 +16,6 @@ import torch
 
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.model.zoo import alibi_slopes, t5_bucket
-from studies.paper.static_baselines import STATIC_METHODS, method_config
 from circuitfade.model.priors import PRIORS, PriorInputs, build_prior
 
 
@@ -258,49 +257,6 @@ def test_gpsa_is_a_local_log_attention_map():
     for h in range(H):  # ConViT locality init: head h peaks at offset i - j = h
         for i in range(h, N):
             assert int(probs[h, i].argmax()) == i - h
-
-
-# -- static baselines --------------------------------------------------------------------------
-def test_static_methods_cover_the_papers_thirteen_baselines():
-    assert sorted(STATIC_METHODS) == sorted(
-        ["vanilla", "nope", "rope", "alibi", "learned_rpe", "dape", "cope", "fire", "kerple", "gpsa",
-         "soft_bias", "soft_pos_only", "soft_content_only"]
-    )  # fmt: skip
-    tokens = _tokens(batch=1, n=12)
-    for name in STATIC_METHODS:
-        model = SoftPriorTransformer(method_config(name, seed=0))
-        assert model(tokens).shape == (1, 12, 32), name
-        for prior in model.cfg.priors:
-            assert prior in PRIORS
-
-
-def test_method_config_values_and_overrides():
-    cfg = method_config("alibi", n_layers=3)
-    assert cfg.n_layers == 3 and cfg.priors == ("alibi",) and cfg.positional_embedding_type == "none"
-    assert cfg.gate_mode("alibi") == "fixed" and cfg.gate_init == 1.0
-    assert method_config("rope").positional_embedding_type == "rotary"
-    assert method_config("vanilla").positional_embedding_type == "standard"
-    assert method_config("soft_bias").priors == ("pos", "content")
-    assert method_config("gpsa").gate_init == pytest.approx(1 / (1 + math.exp(-1)))
-    method_config("kerple").gate_modes["kerple_log"] = "learned"  # a copy: the table is unchanged
-    assert STATIC_METHODS["kerple"]["gate_modes"] == {"kerple_log": "fixed"}
-    with pytest.raises(ValueError, match="unknown static method"):
-        method_config("sinusoidal")
-
-
-@pytest.mark.parametrize("name", ["vanilla", "nope", "rope"])
-def test_backbone_only_methods_equal_plain_hooked_transformer(name):
-    model = SoftPriorTransformer(method_config(name, seed=0))
-    tokens = _tokens()
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens), model.to_plain_model()(tokens), atol=1e-5, rtol=0)
-
-
-def test_rotary_backbone_with_a_prior_fades_to_the_backbone():
-    model = SoftPriorTransformer(method_config("rope", priors=("kerple_log",), seed=0))
-    tokens = _tokens()
-    with torch.no_grad(), model.gates(kerple_log=0.0):
-        torch.testing.assert_close(model(tokens), model.to_plain_model()(tokens), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "fire", "dape"])

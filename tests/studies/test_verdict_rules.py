@@ -13,7 +13,6 @@ import json
 import math
 import re
 from dataclasses import asdict
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -25,8 +24,8 @@ from studies.paper import protocol as P
 from studies.paper import rules as PR
 from studies.removability import declaration as RD
 from studies.removability import map as R
+from repo_root import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 S = [0, 1, 2]
 
 
@@ -183,7 +182,7 @@ STAMP = re.compile(r"Declaration: (\S+) v(\d+) \(sha256 ([0-9a-f]{12})\)")
 def test_committed_results_record_the_hash_of_their_declaration(path):
     """A results file names its declaration and version; that version's data must hash as recorded. Editing a
     declaration after results exist therefore fails here: declare a new version instead."""
-    found = STAMP.findall((ROOT / path).read_text())
+    found = STAMP.findall((REPO / path).read_text())
     assert found, f"{path}: no 'Declaration: NAME vN (sha256 ...)' line"
     for name, version, digest in found:
         decl = REGISTRIES[name][int(version)]
@@ -234,13 +233,13 @@ def test_history_settings_are_the_declared_ones():
 
 def test_fade_minus_forced_zero_has_one_interval_everywhere():
     """Base model, 3 seeds: the paper's verdict table and the removability map quote the same interval."""
-    cells = pd.read_csv(ROOT / "results/removability/map_cells.csv")
+    cells = pd.read_csv(REPO / "results/removability/map_cells.csv")
     c = cells[(cells.model == "L2 d64") & (cells.task == "recall (default)") & (cells.steps == 3600)].iloc[0]
     interval = f"{c.margin_mean:+.3f} [{c.margin_lo:+.3f}, {c.margin_hi:+.3f}]"
     mirrored = f"{-c.margin_mean:+.3f} [{-c.margin_hi:+.3f}, {-c.margin_lo:+.3f}]"
     assert interval == "+0.054 [-0.067, +0.175]"
-    assert f"| {interval} |" in (ROOT / "results/removability/results.md").read_text()
+    assert f"| {interval} |" in (REPO / "results/removability/results.md").read_text()
     for path in ("results/paper/results.md", "results/paper/large/results.md"):
-        text = (ROOT / path).read_text()
+        text = (REPO / path).read_text()
         assert f"; {interval} (paired t)" in text and f"; {mirrored} (paired t)" in text, path
         assert "+0.054 [+0.004, +0.104] |" not in text.split("## Verdicts under every declaration version")[0]

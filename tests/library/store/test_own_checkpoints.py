@@ -29,6 +29,7 @@ from circuitfade.tasks import eval_set
 from circuitfade.viz import export, plots
 from circuitfade.viz.tables import markdown_table
 from planted import CopyTask
+from repo_root import REPO
 
 torch.set_num_threads(1)
 
@@ -122,7 +123,7 @@ def test_digits_that_belong_to_a_word_are_no_step(name):
 
 
 def test_the_step_table_of_the_page_is_what_step_from_name_reads():
-    page = (Path(__file__).resolve().parents[1] / "docs" / "own-checkpoints.md").read_text()
+    page = (REPO / "docs" / "own-checkpoints.md").read_text()
     rows = re.findall(r"^\| `([^`]+)`[^|]*\| (\d+) \|", page, re.MULTILINE)
     assert len(rows) >= len(NAMING_SCHEMES)
     for name, step in rows:

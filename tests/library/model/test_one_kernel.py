@@ -8,12 +8,11 @@ so a checker that sees nothing cannot pass by accident."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
+from repo_root import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-STACKED = ROOT / "circuitfade" / "train" / "stacked.py"
+STACKED = REPO / "circuitfade" / "train" / "stacked.py"
 
 # calls that only attention arithmetic needs (the stacked embedding's ``bmm`` is not one of them)
 _CALLS = {"softmax", "log_softmax", "_softmax", "einsum", "matmul", "triu", "tril", "triu_indices", "tril_indices",

@@ -11,6 +11,7 @@ import studies.paper.protocol as P
 from planted import run_study
 from studies.paper.reproduce import EXPERIMENTS
 from circuitfade.train.sweep import run_key
+from repo_root import REPO
 
 TINY = P.Budget(36, "quick", eval_size=32)
 
@@ -159,7 +160,7 @@ def test_tables_only_keeps_what_needs_checkpoints(tmp_path):
     from studies.paper.reproduce import reproduce
     from studies.paper.rules import DECLARATION
 
-    src = Path(__file__).resolve().parents[1] / "results" / "paper"
+    src = REPO / "results" / "paper"
     for f in ("results_runs.csv", "results.md", "table_mechanism.csv", "table_interventions.csv",
               P.MECHANISM_PER_SET):
         shutil.copy(src / f, tmp_path / f)

@@ -24,7 +24,7 @@ anything not run, the reason):
   ``python script.py ...`` lines run ``script.py --help`` and check that every flag written is
   listed; ``python -c CODE`` lines of that kind and python blocks listed in
   :data:`PYTHON_PARSE_ONLY` are compiled (syntax only); ``make`` targets are checked with
-  ``make -n``; ``mkdocs build`` is run by ``tests/test_docs.py``;
+  ``make -n``; ``mkdocs build`` is run by ``tests/docs/test_docs.py``;
 * ``setup``: commands that build an environment (``python3 -m venv ...``, ``pip install
   ...``) are not run here: ``make test`` / ``make test-tl4`` run exactly those installs in CI;
   this test checks that the files (``-r``) and extras (``.[figures]``) they name exist.
@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from repo_root import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 
@@ -155,7 +155,7 @@ def _shell_treatment(argv: list[str]) -> tuple[str, str]:
     if argv[:3] == ["python3", "-m", "venv"] or re.match(r"(\.venv[^/]*/bin/)?pip$", argv[0]):
         return "setup", "builds an environment (run by make test / make test-tl4 in CI)"
     if argv[0] == "mkdocs":
-        return "parse", "the site build is tests/test_docs.py::test_the_site_builds_strict"
+        return "parse", "the site build is tests/docs/test_docs.py::test_the_site_builds_strict"
     if argv[0] == "circuitfade" and len(argv) > 1:
         if argv[1] in TINY:
             return "tiny", ""

@@ -24,10 +24,10 @@ from circuitfade.train import RunConfig, TrainConfig, read_metrics
 from circuitfade.train.rundir import CKPT_DIR
 from circuitfade.train.checkpoints import complete_checkpoints
 from circuitfade.tasks import EVAL_SEED
+from repo_root import REPO
 
 torch.set_num_threads(1)
 
-REPO = Path(__file__).resolve().parents[1]
 SERIES = REPO / "circuitfade" / "data" / "series"
 SHIPPED = {"unforced": "unforced", "fade600to0": "fade600->0"}
 MAX_ASSET_BYTES = 8 * 2**20

@@ -21,6 +21,7 @@ from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 from circuitfade.tasks import make_task
 from circuitfade.tasks.ambiguous import AmbiguousBatch, AmbiguousRecall, AmbiguousRecallConfig
 from circuitfade.train import RunConfig, TrainConfig, clone_run, new_run, train
+from repo_root import REPO
 
 TINY_MODEL = {**history.MODEL, "d_model": 16, "d_head": 4, "d_mlp": 32, "n_ctx": 17}
 
@@ -310,7 +311,7 @@ def test_tables_only_rebuilds_the_report_from_per_seed_csv(tmp_path):
 
     from planted import run_study
 
-    src = Path(__file__).resolve().parents[1] / "results" / "history"
+    src = REPO / "results" / "history"
     for f in ("per_seed.csv", "config.json", "summary.csv"):
         shutil.copy(src / f, tmp_path / f)
     assert run_study("history", ["--tables-only", "--out", str(tmp_path)]) == 2  # summary.csv exists: needs --force

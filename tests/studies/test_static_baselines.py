@@ -1,4 +1,5 @@
-"""Static-baselines experiment: configs reproduce the method configs, tables, end-to-end tiny run."""
+"""Static-baselines experiment: the method configs (the paper's thirteen, on the model), configs reproduce them,
+tables, end-to-end tiny run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from studies.paper.static_baselines import STATIC_METHODS, method_config
 
 from circuitfade.train.sweep import run_key
 from circuitfade.train import RunConfig, TrainConfig, train
+from circuitfade.model import SoftPriorTransformer
+from circuitfade.model.priors import PRIORS
 
 TC = TrainConfig(steps=10, eval_every=5, eval_size=32, batch_size=8, checkpoint_every=10)
 FIXED = {"alibi", "learned_rpe", "dape", "cope", "fire", "kerple"}
@@ -166,3 +169,50 @@ def test_step_time_ms_columns_and_threads_restored():
     assert list(df.prior) == ["none", "alibi"] and df.ratio.iloc[0] == 1.0 and (df.ms > 0).all()
     assert df.ratio.iloc[1] == pytest.approx(df.ms.iloc[1] / df.ms.iloc[0])
     assert torch.get_num_threads() == before
+
+
+def _tokens(batch: int = 2, n: int = 32, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 32, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+# -- the method configs on the model -----------------------------------------------------------
+def test_static_methods_cover_the_papers_thirteen_baselines():
+    assert sorted(STATIC_METHODS) == sorted(
+        ["vanilla", "nope", "rope", "alibi", "learned_rpe", "dape", "cope", "fire", "kerple", "gpsa",
+         "soft_bias", "soft_pos_only", "soft_content_only"]
+    )  # fmt: skip
+    tokens = _tokens(batch=1, n=12)
+    for name in STATIC_METHODS:
+        model = SoftPriorTransformer(method_config(name, seed=0))
+        assert model(tokens).shape == (1, 12, 32), name
+        for prior in model.cfg.priors:
+            assert prior in PRIORS
+
+
+def test_method_config_values_and_overrides():
+    cfg = method_config("alibi", n_layers=3)
+    assert cfg.n_layers == 3 and cfg.priors == ("alibi",) and cfg.positional_embedding_type == "none"
+    assert cfg.gate_mode("alibi") == "fixed" and cfg.gate_init == 1.0
+    assert method_config("rope").positional_embedding_type == "rotary"
+    assert method_config("vanilla").positional_embedding_type == "standard"
+    assert method_config("soft_bias").priors == ("pos", "content")
+    assert method_config("gpsa").gate_init == pytest.approx(1 / (1 + math.exp(-1)))
+    method_config("kerple").gate_modes["kerple_log"] = "learned"  # a copy: the table is unchanged
+    assert STATIC_METHODS["kerple"]["gate_modes"] == {"kerple_log": "fixed"}
+    with pytest.raises(ValueError, match="unknown static method"):
+        method_config("sinusoidal")
+
+
+@pytest.mark.parametrize("name", ["vanilla", "nope", "rope"])
+def test_backbone_only_methods_equal_plain_hooked_transformer(name):
+    model = SoftPriorTransformer(method_config(name, seed=0))
+    tokens = _tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), model.to_plain_model()(tokens), atol=1e-5, rtol=0)
+
+
+def test_rotary_backbone_with_a_prior_fades_to_the_backbone():
+    model = SoftPriorTransformer(method_config("rope", priors=("kerple_log",), seed=0))
+    tokens = _tokens()
+    with torch.no_grad(), model.gates(kerple_log=0.0):
+        torch.testing.assert_close(model(tokens), model.to_plain_model()(tokens), atol=1e-5, rtol=0)

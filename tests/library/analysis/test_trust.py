@@ -7,7 +7,6 @@ the noise floor, a NaN model, the shipped series' numbers agreeing across entry 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -39,9 +38,10 @@ from circuitfade.tasks import (
 )
 from circuitfade.tasks.base import eval_label
 from circuitfade.train import TrainConfig, read_metrics
+from repo_root import REPO
 
 torch.set_num_threads(1)
-SERIES = Path(__file__).resolve().parents[1] / "circuitfade" / "data" / "series"
+SERIES = REPO / "circuitfade" / "data" / "series"
 
 
 # ------------------------------------------------------------------------ stats
@@ -291,7 +291,7 @@ def test_tables_only_rebuilds_from_the_recorded_csv(tmp_path):
 
     from studies.paper.reproduce import reproduce
 
-    shutil.copy(Path(__file__).resolve().parents[1] / "results" / "paper" / "results_runs.csv", tmp_path / "results_runs.csv")
+    shutil.copy(REPO / "results" / "paper" / "results_runs.csv", tmp_path / "results_runs.csv")
     res = reproduce(["controls"], seeds=3, out=tmp_path, train=False, progress=False, large_seeds=0)
     md = res["markdown"]
     assert "18 from the recorded results_runs.csv (folders gone), 0 not trained" in md

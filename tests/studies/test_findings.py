@@ -10,15 +10,14 @@ declared seeds is never graded as if it had them.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from circuitfade.claims import (PROVENANCE_COLUMNS, Claim, Outcome, Provenance, Verdict, seeds_cell,
                                 verdict_table)
+from repo_root import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 
 SOURCES = {  # claim prefix -> (verdicts file, verdict column)
     "paper": ("results/paper/verdicts.csv", "verdict"),
@@ -44,7 +43,7 @@ SUMMARIES = [README_SECTION, ("docs/index.md", "## The studies\n", None),
 
 
 def section(path: str, start: str, end: str | None) -> str:
-    text = (ROOT / path).read_text()
+    text = (REPO / path).read_text()
     assert start in text, f"{path}: no section {start.strip()!r}"
     body = text.split(start, 1)[1]
     return body.split(end, 1)[0] if end else body
@@ -60,7 +59,7 @@ def verdict_of(ref: str) -> str:
     if study not in SOURCES:
         raise AssertionError(f"{ref}: unknown study {study!r}; expected one of {sorted(SOURCES)}")
     path, col = SOURCES[study]
-    df = pd.read_csv(ROOT / path, dtype=str, keep_default_na=False)
+    df = pd.read_csv(REPO / path, dtype=str, keep_default_na=False)
     rows = df[df["id"] == cid]
     assert len(rows) == 1, f"{ref}: {len(rows)} rows with id {cid!r} in {path}"
     return rows.iloc[0][col]
@@ -96,7 +95,7 @@ def test_a_wrong_word_is_caught():
 
 @pytest.mark.parametrize("path", ["README.md", "docs/index.md", "docs/studies/index.md"])
 def test_no_claim_is_said_to_be_declared_before_its_runs_wholesale(path):
-    text = (ROOT / path).read_text().lower()
+    text = (REPO / path).read_text().lower()
     for wrong in ("every claim is declared before", "every claim was declared before",
                   "each declaring its claims with a rule fixed in code before its runs",
                   "every claim a study tests is declared before its runs"):
@@ -106,7 +105,7 @@ def test_no_claim_is_said_to_be_declared_before_its_runs_wholesale(path):
 @pytest.mark.parametrize("study", sorted(SOURCES))
 def test_every_verdict_row_states_its_provenance_and_seeds(study):
     path, col = SOURCES[study]
-    df = pd.read_csv(ROOT / path, dtype=str, keep_default_na=False)
+    df = pd.read_csv(REPO / path, dtype=str, keep_default_na=False)
     assert {"id", *PROVENANCE_COLUMNS} <= set(df.columns), path
     for prov, word in zip(df["provenance"], df[col]):
         Provenance.parse(prov)  # a word of the fixed vocabulary
@@ -120,7 +119,7 @@ def test_every_verdict_row_states_its_provenance_and_seeds(study):
 
 
 def test_paper_one_seed_arms_are_not_run():
-    df = pd.read_csv(ROOT / "results/paper/verdicts.csv", dtype=str, keep_default_na=False).set_index("id")
+    df = pd.read_csv(REPO / "results/paper/verdicts.csv", dtype=str, keep_default_na=False).set_index("id")
     for cid in ("fade_window", "shapes", "markov", "linreg"):
         assert df.loc[cid, "verdict"] == "not run (1 of 3 seeds)" and df.loc[cid, "seeds run"] == "1 of 3", cid
     assert df.loc["fade_keeps", "seeds run"] == "3 of 3" and df.loc["fade_keeps", "verdict"] == "partly"

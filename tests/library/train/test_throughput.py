@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -177,6 +175,7 @@ def test_attn_scale_is_a_python_float():
 from circuitfade.model.devices import resolve_device  # noqa: E402
 from circuitfade.train import RunConfig, TrainConfig, train  # noqa: E402
 from circuitfade.train.sweep import run_key  # noqa: E402
+from repo_root import REPO  # noqa: E402
 
 
 def test_device_does_not_change_run_identity():
@@ -347,6 +346,6 @@ def test_the_trainer_keeps_freed_memory_for_reuse_unless_told_not_to(tmp_path):
     glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     for env, want in (({}, glibc), ({"CIRCUITFADE_KEEP_HEAP": "0"}, False)):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                             env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                             env={**os.environ, **env, "PYTHONPATH": str(REPO)})
         assert out.returncode == 0, out.stderr[-1500:]
         assert out.stdout.split() == [str(want)] * 2

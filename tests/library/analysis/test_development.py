@@ -52,10 +52,10 @@ from circuitfade.store.revisions import (
 )
 from circuitfade.store import attach
 from circuitfade.tasks import IGNORE_INDEX, make_task
+from repo_root import REPO
 
 transformers = pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------------------

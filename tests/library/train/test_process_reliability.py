@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_root import REPO, TESTS
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
 
 POOL_PARENT = """
 import sys
@@ -36,7 +35,7 @@ except KeyboardInterrupt:
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
 
 
 def _read_pids(fd: int, n: int, parent: subprocess.Popen, deadline: float) -> list[int]:

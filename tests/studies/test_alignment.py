@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +14,7 @@ import torch
 from circuitfade.analysis.ignition import as_curve, ignited_for, ignition_step
 from studies.alignment import apparatus, report
 from studies.alignment import parts as A
+from repo_root import REPO
 
 torch.set_num_threads(1)
 CHANCE = 1 / 3
@@ -186,7 +186,6 @@ def test_end_to_end_tiny(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ the committed report
-REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "results" / "alignment"
 CARRIED = ("part_ablation_series.csv", "cure_damage.csv")
 """Tables the rebuild reads instead of recomputing: the developing series' ablations and the damage at the

@@ -31,6 +31,7 @@ from circuitfade.train.ensemble import (
     fit_ensemble,
     train_ensemble,
 )
+from repo_root import REPO
 
 TINY = {"d_model": 16, "d_head": 4, "n_ctx": 13, "d_vocab": 16}
 TASK = {"name": "assoc", "n_pairs": 6, "n_keys": 8, "n_values": 8, "d_vocab": 16, "max_len": 13}
@@ -484,7 +485,7 @@ def test_what_members_share_and_what_cannot_be_a_member():
 
 def test_default_size_per_device():
     assert default_ensemble_size("cpu") == DEFAULT_MEMBERS["cpu"] >= 1
-    measured = json.loads((Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "ensemble.json").read_text())
+    measured = json.loads((REPO / "results" / "benchmarks" / "ensemble.json").read_text())
     for kind, e in measured["default_members"].items():  # the constant is the committed measurement, not a guess
         assert DEFAULT_MEMBERS[kind] == e, f"DEFAULT_MEMBERS[{kind!r}] differs from results/benchmarks/ensemble.json"
     if not torch.cuda.is_available():
@@ -523,7 +524,7 @@ def test_the_benchmark_measures_in_a_child_process(tmp_path):
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO
     cmd = [sys.executable, str(repo / "benchmarks" / "ensemble.py"), "--child", "ensemble", "2", "--steps", "2",
            "--eval-every", "2", "--checkpoint-every", "2"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300,

@@ -15,8 +15,8 @@ from circuitfade.claims import Outcome, Provenance
 from circuitfade.io import write_csv, write_json
 from studies.circuits import study
 from studies.circuits.declaration import DECLARATION, RULES, claims, rule_inputs
+from repo_root import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 FADE, ZERO, FREE = DECLARATION.data["arms"]
 ON, FINAL = DECLARATION.data["gate_on_step"], DECLARATION.data["final_step"]
 EDGES = [f"e{i:02d}" for i in range(20)]
@@ -176,12 +176,12 @@ def test_tables_only_needs_its_inputs(tmp_path):
         study.rebuild(tmp_path, force=True)
 
 
-@pytest.mark.skipif(not (ROOT / "results/circuits/scores.csv").is_file(), reason="no committed results")
+@pytest.mark.skipif(not (REPO / "results/circuits/scores.csv").is_file(), reason="no committed results")
 def test_committed_results_rebuild_byte_identically(tmp_path):
     out = tmp_path / "circuits"
     out.mkdir()
     for n in ("scores.csv", "config.json"):
-        shutil.copy(ROOT / "results/circuits" / n, out / n)
+        shutil.copy(REPO / "results/circuits" / n, out / n)
     study.rebuild(out)
     for n in study.TABLES:
-        assert (out / n).read_bytes() == (ROOT / "results/circuits" / n).read_bytes(), n
+        assert (out / n).read_bytes() == (REPO / "results/circuits" / n).read_bytes(), n

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_root import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 TOP = ("circuitfade", "studies")
 
 
@@ -24,11 +24,11 @@ def _module_name(path: Path, root: Path) -> str:
     return name[: -len(".__init__")] if name.endswith(".__init__") else name
 
 
-def _sources(root: Path = ROOT) -> dict[str, Path]:
+def _sources(root: Path = REPO) -> dict[str, Path]:
     return {_module_name(p, root): p for top in TOP for p in sorted((root / top).rglob("*.py"))}
 
 
-def _import_edges(root: Path = ROOT) -> tuple[dict[str, set[str]], list[str]]:
+def _import_edges(root: Path = REPO) -> tuple[dict[str, set[str]], list[str]]:
     """Module -> modules it imports (function-local imports included), and every
     ``from X import _private`` across modules."""
     mods = _sources(root)
@@ -104,7 +104,7 @@ def test_the_cycle_and_private_checkers_see_planted_violations(tmp_path):
     assert private == ["studies.b imports circuitfade.x._hidden"]
 
 
-def _pool_makers(root: Path = ROOT) -> list[str]:
+def _pool_makers(root: Path = REPO) -> list[str]:
     out = []
     for m, path in _sources(root).items():
         text = path.read_text()
@@ -125,7 +125,7 @@ def test_the_pool_checker_sees_a_second_pool(tmp_path):
     assert _pool_makers(tmp_path) == ["studies.s"]
 
 
-def _study_cli_imports(root: Path = ROOT) -> list[str]:
+def _study_cli_imports(root: Path = REPO) -> list[str]:
     """``module:line`` for every import of :mod:`circuitfade.cli` under ``studies/`` (a study's command
     uses :mod:`circuitfade.commands.boundary`, as the CLI does; the CLI is the package's top)."""
     out = []
@@ -165,7 +165,7 @@ PIPELINE_CALLS = frozenset({"attach", "open_run", "trace", "train", "branch", "r
 """Calls that load checkpoints, run models or train: the work the layers below and above viz do."""
 
 
-def _viz_doing_other_jobs(root: Path = ROOT) -> list[str]:
+def _viz_doing_other_jobs(root: Path = REPO) -> list[str]:
     """``module:line what`` for every ``argparse`` import, parser-building call (:data:`PARSER_CALLS`)
     and pipeline call (:data:`PIPELINE_CALLS`) in ``circuitfade.viz``: viz draws finished results;
     the pipelines and command lines are :mod:`circuitfade.commands`."""
@@ -216,7 +216,7 @@ def test_the_viz_checker_sees_planted_parsers_and_pipelines(tmp_path):
 OUTCOME_WORDS = ("reproduced", "not reproduced", "partly", "inconclusive", "not testable")
 
 
-def _outcome_literals(root: Path = ROOT) -> list[str]:
+def _outcome_literals(root: Path = REPO) -> list[str]:
     """String constants (not docstrings) equal to a verdict word, outside circuitfade.claims."""
     out = []
     for m, path in _sources(root).items():
@@ -244,7 +244,7 @@ def test_the_outcome_checker_sees_a_literal(tmp_path):
     assert _outcome_literals(tmp_path) == ["studies.s:2: 'not reproduced'"]
 
 
-def _long_functions(root: Path = ROOT, limit: int = 80) -> list[str]:
+def _long_functions(root: Path = REPO, limit: int = 80) -> list[str]:
     out = []
     for m, path in _sources(root).items():
         if not m.startswith("studies"):
@@ -276,7 +276,7 @@ HAND_WRITTEN_LOOPS_ALLOWED = {
 """Study functions that may step an optimizer by hand, each with the reason: toy loops that train no model."""
 
 
-def _hand_written_training(root: Path = ROOT) -> list[str]:
+def _hand_written_training(root: Path = REPO) -> list[str]:
     """``module.function:line .name()`` for every ``.backward()`` / ``.zero_grad()`` / ``.step()`` call in the
     studies (models are trained by ``fit`` with callbacks), less :data:`HAND_WRITTEN_LOOPS_ALLOWED`."""
     out = []
@@ -329,7 +329,7 @@ def test_every_allowed_hand_written_loop_still_exists_and_has_a_reason():
 PRODUCT_WORDS = re.compile(r"issue [0-9]+|\.\./shared|seeds/0|load average")
 
 
-def _off_product(root: Path = ROOT) -> list[str]:
+def _off_product(root: Path = REPO) -> list[str]:
     out = []
     files = [root / "README.md"] + [p for d in ("docs", "circuitfade", "studies", "results") if (root / d).is_dir()
                                     for p in (root / d).rglob("*") if p.is_file() and p.suffix in
@@ -354,7 +354,7 @@ def test_the_product_word_checker_sees_an_issue_number(tmp_path):
 
 
 def test_readme_is_a_front_door():
-    text = (ROOT / "README.md").read_text()
+    text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= 200 and len(text.encode()) <= 15 * 1024
 
 
@@ -369,7 +369,7 @@ def _median_wall(cmd: list[str], n: int = 3) -> float:
     walls = []
     for _ in range(n):
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+        subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
         walls.append(time.perf_counter() - t0)
     return sorted(walls)[n // 2]
 
@@ -381,14 +381,14 @@ def test_cli_help_imports_nothing_heavy():
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    try:\n        build_parser().parse_args(['--help'])\n    except SystemExit:\n        pass\n"
             "print(sorted(m for m in ('torch', 'transformer_lens', 'pandas') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("study", ["paper", "removability", "history", "development", "alignment"])
 def test_every_study_has_a_help(study):
-    out = subprocess.run([sys.executable, "-m", f"studies.{study}", "--help"], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-m", f"studies.{study}", "--help"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert "usage" in out.stdout.lower()
 
@@ -396,9 +396,7 @@ def test_every_study_has_a_help(study):
 def test_one_checkpoint_name_pattern():
     """The trainer's checkpoint names are parsed in one place (train.rundir.parse_checkpoint_name)."""
     import re as _re
-    from pathlib import Path as _Path
-
-    root = _Path(__file__).resolve().parents[1]
+    root = REPO
     hits = [str(p.relative_to(root)) for p in (root / "circuitfade").rglob("*.py")
             if _re.search(r"step_\(\\d\+\)", p.read_text())]
     assert hits == ["circuitfade/train/rundir.py"], hits
@@ -451,15 +449,15 @@ def test_run_folder_names_are_spelled_only_in_rundir():
     studies/ and benchmarks/ goes through RunDir."""
     hits = {}
     for top in ("circuitfade", "studies", "benchmarks"):
-        for p in sorted((ROOT / top).rglob("*.py")):
-            rel = str(p.relative_to(ROOT))
+        for p in sorted((REPO / top).rglob("*.py")):
+            rel = str(p.relative_to(REPO))
             if rel == "circuitfade/train/rundir.py":
                 continue
             found = run_folder_names(p.read_text(), rel)
             if found:
                 hits[rel] = found
     assert hits == {}, hits
-    own = run_folder_names((ROOT / "circuitfade/train/rundir.py").read_text(), "circuitfade/train/rundir.py")
+    own = run_folder_names((REPO / "circuitfade/train/rundir.py").read_text(), "circuitfade/train/rundir.py")
     assert len(own) >= len(RUN_FILE_NAMES), own  # the check sees the names where they are spelled
 
 
@@ -565,7 +563,7 @@ def _bindings(module: str, root: Path) -> dict[str, tuple]:
     return out
 
 
-def _definition(module: str, name: str, root: Path = ROOT) -> str:
+def _definition(module: str, name: str, root: Path = REPO) -> str:
     """``module.name`` of the object that ``module``'s ``name`` is, following imports and ``a = b`` to the
     module that defines it (a submodule imported as a name is that module)."""
     for _ in range(20):
@@ -597,7 +595,7 @@ def _literal(module: str, name: str, root: Path):
     return None
 
 
-def _public_names(root: Path = ROOT) -> dict[str, str]:
+def _public_names(root: Path = REPO) -> dict[str, str]:
     """Every public name, as ``{"place.name": "defining_module.defining_name"}``.
 
     A public name is (1) a name of the ``__all__`` of a subpackage in :data:`PUBLIC_PACKAGES`
@@ -687,7 +685,7 @@ def test_the_public_surface_checkers_see_planted_violations(tmp_path):
 
 
 def test_the_limit_checker_fires_above_the_limit(monkeypatch):
-    import tests.test_structure as me
+    me = sys.modules[__name__]
 
     monkeypatch.setattr(me, "PUBLIC_LIMIT", len(_public_names()) - 1)
     with pytest.raises(AssertionError, match="public names"):

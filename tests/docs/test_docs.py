@@ -1,7 +1,7 @@
 """The docs site: it builds with ``mkdocs build --strict``, its API pages cover every module of the
 package, each study page includes its generated results file, and no page copies a row of one.
 
-The code blocks of every page are run by ``tests/test_readme.py``."""
+The code blocks of every page are run by ``tests/docs/test_readme.py``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_root import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 STUDIES = ("paper", "removability", "history", "development", "alignment")
 API_PACKAGES = ("model", "tasks", "gating", "train", "store", "analysis", "viz", "commands")
