@@ -74,6 +74,7 @@ __all__ = [
     "load_hub_model",
     "is_tl_model",
     "deprecated_names",
+    "legacy_kv_cache_names",
 ]
 
 
@@ -509,3 +510,34 @@ def deprecated_names(module: str, moved: Mapping[str, tuple[str, ...]]) -> Calla
 
     __getattr__.moved = dict(moved)
     return __getattr__
+
+
+@contextlib.contextmanager
+def legacy_kv_cache_names():
+    """Inside the block, TransformerLens 3.9's KV cache is importable under its earlier 3.x names
+    (``transformer_lens.HookedTransformerKeyValueCache`` and the module
+    ``transformer_lens.past_key_value_caching``), for a peer library that imports them (auto-circuit
+    1.0.1, :mod:`circuitfade.analysis.peers`); both names are removed again on exit. Nothing is
+    added where they exist or where the installed line has no such cache."""
+    import sys
+    import types
+
+    import transformer_lens as tl
+
+    new = getattr(tl, "TransformerLensKeyValueCache", None)
+    old = "transformer_lens.past_key_value_caching"
+    added_attr = new is not None and not hasattr(tl, "HookedTransformerKeyValueCache")
+    added_module = new is not None and old not in sys.modules and importlib.util.find_spec(old) is None
+    if added_attr:
+        tl.HookedTransformerKeyValueCache = new
+    if added_module:
+        shim = types.ModuleType(old)
+        shim.HookedTransformerKeyValueCache = new
+        sys.modules[old] = shim
+    try:
+        yield
+    finally:
+        if added_attr:
+            del tl.HookedTransformerKeyValueCache
+        if added_module:
+            sys.modules.pop(old, None)

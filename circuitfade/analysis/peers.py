@@ -29,10 +29,10 @@ Where the two differ by design:
   paths: no equality is expected.
 
 auto-circuit 1.0.1 imports ``transformer_lens.past_key_value_caching.HookedTransformerKeyValueCache``,
-which TransformerLens 3.9 renamed ``TransformerLensKeyValueCache``: :func:`import_auto_circuit` puts a
-stand-in module of the old name in place for the import only (auto-circuit uses the class for type
-hints and prompt-prefix caching, which is not used here), and puts back plotly's default template,
-which auto-circuit's import restyles. On TransformerLens 4.x auto-circuit cannot run
+which TransformerLens 3.9 renamed ``TransformerLensKeyValueCache``: :func:`import_auto_circuit` imports it
+inside :func:`circuitfade.compat.legacy_kv_cache_names`, which gives the old names for the import
+only (auto-circuit uses the class for type hints and prompt-prefix caching, not used here), and
+puts back plotly's default template, which auto-circuit's import restyles. On TransformerLens 4.x auto-circuit cannot run
 (``HookedTransformer`` was removed in 4.0, and the plain bridge refuses ``use_attn_result``).
 """
 
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import sys
 import types
 
 import torch
@@ -73,31 +72,17 @@ def import_auto_circuit() -> types.SimpleNamespace:
     ``PromptDataset``, ``patchable_model``, ``mask_gradient`` and ``syed`` (its replication of
     edge attribution patching). Raises ``ImportError`` where it cannot be imported."""
     import plotly.io as pio
-    import transformer_lens as tl
 
     # auto-circuit's import restyles plotly's default template (colours, font size 19): put it back after
     template, default = copy.deepcopy(pio.templates["plotly"]), pio.templates.default
-    old = "transformer_lens.past_key_value_caching"
-    added_attr = not hasattr(tl, "HookedTransformerKeyValueCache") and hasattr(tl, "TransformerLensKeyValueCache")
-    added_module = old not in sys.modules and importlib.util.find_spec(old) is None \
-        and hasattr(tl, "TransformerLensKeyValueCache")
-    if added_attr:
-        tl.HookedTransformerKeyValueCache = tl.TransformerLensKeyValueCache
-    if added_module:
-        shim = types.ModuleType(old)
-        shim.HookedTransformerKeyValueCache = tl.TransformerLensKeyValueCache
-        sys.modules[old] = shim
     try:
-        from auto_circuit.data import PromptDataLoader, PromptDataset
-        from auto_circuit.prune_algos.edge_attribution_patching import edge_attribution_patching_prune_scores
-        from auto_circuit.prune_algos.mask_gradient import mask_gradient_prune_scores
-        from auto_circuit.utils.graph_utils import patchable_model
+        with compat.legacy_kv_cache_names():
+            from auto_circuit.data import PromptDataLoader, PromptDataset
+            from auto_circuit.prune_algos.edge_attribution_patching import edge_attribution_patching_prune_scores
+            from auto_circuit.prune_algos.mask_gradient import mask_gradient_prune_scores
+            from auto_circuit.utils.graph_utils import patchable_model
     finally:
         pio.templates["plotly"], pio.templates.default = template, default
-        if added_attr:
-            del tl.HookedTransformerKeyValueCache
-        if added_module:
-            sys.modules.pop(old, None)
     return types.SimpleNamespace(PromptDataLoader=PromptDataLoader, PromptDataset=PromptDataset,
                                  mask_gradient=mask_gradient_prune_scores, patchable_model=patchable_model,
                                  syed=edge_attribution_patching_prune_scores)
