@@ -17,6 +17,7 @@ their rate constants and pinned ablation table), so the full call rebuilds every
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 from typing import Callable, Sequence
@@ -189,10 +190,13 @@ def _summary_section(v2: pd.DataFrame, v1: pd.DataFrame) -> str:
 
 
 def run(experiments: Sequence[str] | None = None, *, seeds: int = 5, out: str | Path = "results/alignment",
-        workers: int = 2, with_series: bool = False, progress: bool = True, png: bool = True) -> dict:
-    """Run the named experiments (default: all) and write ``OUT/results.md``, ``verdicts.csv``, ``protocol.json``."""
+        workers: int | None = None, with_series: bool = False, progress: bool = True, png: bool = True) -> dict:
+    """Run the named experiments (default: all) and write ``OUT/results.md``, ``verdicts.csv``, ``protocol.json``.
+    ``workers``: training processes (``None``: one per core)."""
     names = list(experiments or EXPERIMENTS)
     _check(names, seeds)
+    if workers is None:  # one training process per core
+        workers = max(1, os.cpu_count() or 1)
     torch.set_num_threads(1)  # the developing series and the analyses run in this process
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,7 +233,8 @@ def build_parser(prog: str = "python -m studies.alignment") -> argparse.Argument
     ap.add_argument("--seeds", type=int, default=5, help="seeds of ablation, waiting and rate (default 5); "
                     "the standalone experiments use the seed counts their protocols fix (see each module)")
     ap.add_argument("--out", default="results/alignment")
-    ap.add_argument("--workers", type=int, default=2, help="training processes (one torch thread each)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="parallel training processes, one torch thread each (default: one per core, os.cpu_count())")
     ap.add_argument("--with-series", action="store_true",
                     help="also ablate the previous-token + induction parts of the local developing series (its "
                          "table OUT/part_ablation_series.csv is reused when the series run folder is absent)")

@@ -3,7 +3,8 @@ formed while the gate was on? ``python -m studies.circuits`` (``--help``).
 
 Protocol (:mod:`studies.circuits.declaration`, fixed before the runs): three gate paths
 (``fade600->0``, ``forced_zero``, ``unforced``) x seeds 0-2 of the base model, 3,600 steps
-(:func:`train_runs`, through :func:`circuitfade.train.sweep.run_sweep`, one worker); EAP-IG edge
+(:func:`train_runs`, through :func:`circuitfade.train.sweep.run_sweep`, one worker per core unless
+``--workers`` says otherwise; the runs do not depend on it); EAP-IG edge
 scores at every checkpoint (:func:`trace_runs`, :func:`circuitfade.analysis.edges.edge_attribution`
 through :func:`circuitfade.store.trace`); per run the top-10 circuit of each checkpoint, its
 Jaccard overlap with the final circuit and with the gate-on circuit, and the content-prior
@@ -66,8 +67,10 @@ def run_configs(decl=DECLARATION) -> list[RunConfig]:
             for p in decl.data["arms"] for s in decl.data["seeds"]]
 
 
-def train_runs(root: str | Path, decl=DECLARATION, *, workers: int = 1, progress: bool = True) -> pd.DataFrame:
-    """Train the declared runs into ``root`` (finished runs are kept); one row per run.
+def train_runs(root: str | Path, decl=DECLARATION, *, workers: int | None = None,
+               progress: bool = True) -> pd.DataFrame:
+    """Train the declared runs into ``root`` (finished runs are kept); one row per run. ``workers``:
+    training processes (``None``: one per core).
     Spawns worker processes: call it under ``if __name__ == "__main__":``."""
     from circuitfade.train.sweep import run_sweep
 
@@ -380,7 +383,7 @@ def rebuild(out: str | Path = "results/circuits", *, force: bool = False, figure
     return md
 
 
-def run(out: str | Path = "results/circuits", *, train: bool = True, workers: int = 1, progress: bool = True,
+def run(out: str | Path = "results/circuits", *, train: bool = True, workers: int | None = None, progress: bool = True,
         force: bool = False) -> str:
     """Train (unless ``train=False``) and trace the declared runs under ``out/runs``, then write
     ``out``'s files; returns the markdown."""
@@ -409,7 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="results/circuits")
     ap.add_argument("--train-only", action="store_true", help="train the declared runs into OUT/runs and stop")
     ap.add_argument("--no-train", action="store_true", help="trace only the runs already finished in OUT/runs")
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="parallel training processes, one torch thread each (default: one per core, os.cpu_count())")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--tables-only", action="store_true",
                     help="rebuild the tables and results.md from OUT's scores.csv and config.json")

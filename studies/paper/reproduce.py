@@ -522,7 +522,8 @@ def main(argv=None) -> int:
     ap.add_argument("--executor", choices=list(EXECUTORS), default="auto",
                     help=EXECUTOR_HELP)
     ap.add_argument("--address", help="Ray cluster address (with --executor ray)")
-    ap.add_argument("--workers", type=int)
+    ap.add_argument("--workers", type=int, help="parallel training processes (or ensembles), one torch thread "
+                    "each (default: one per core, os.cpu_count())")
     ap.add_argument("--quick", action="store_true", help="360-step runs: minutes, for trying it out / CI")
     ap.add_argument("--seeds-for", action="append", default=[], metavar="EXP=N", help="per-experiment seed count")
     ap.add_argument("--tables-only", action="store_true",

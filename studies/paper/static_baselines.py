@@ -514,7 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fade-priors", nargs="*", default=list(FADE_PRIORS))
     ap.add_argument("--executor", default="auto", choices=list(EXECUTORS),
                     help=EXECUTOR_HELP)
-    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=None, help="parallel training processes (or ensembles), one "
+                    "torch thread each (default: one per core, os.cpu_count())")
     ap.add_argument("--timing", action="store_true", help="also measure ms per training step per prior")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

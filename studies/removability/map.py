@@ -653,7 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--unforced-seeds", type=int, nargs="*", default=list(_D["unforced_seeds"]),
                     help="seeds with an unforced run (default 0; none: give the flag alone)")
     ap.add_argument("--steps", type=int, nargs="+", default=list(_D["steps"]), help=f"budgets (default {_D['steps']})")
-    ap.add_argument("--workers", type=int, help="parallel training runs (default: one per core)")
+    ap.add_argument("--workers", type=int, help="parallel training runs (default: one per core, os.cpu_count())")
     ap.add_argument("--executor", choices=list(EXECUTORS), default="auto",
                     help=EXECUTOR_HELP)
     ap.add_argument("--timing", help="the sweep's result CSV (columns run, seconds, status) for per-run seconds")
