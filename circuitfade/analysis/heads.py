@@ -243,6 +243,45 @@ successor_mass.metric_name = SUCCESSOR_MASS
 
 
 # ------------------------------------------------------------------- mean ablation
+_MAX_ELEMENTS = 2**21
+"""Default ``max_elements`` of :func:`mean_ablation_importance` and :func:`head_diagnostics`
+(elements of the widest activation of one ablation forward; the rule is in the former's docstring)."""
+
+
+def _activation_width(model, n_pos: int) -> int:
+    """Elements per sequence of the widest activation of a forward over ``n_pos`` positions:
+    ``n_pos`` times the largest of ``d_model``, ``d_mlp`` (unless attention-only),
+    ``d_vocab_out``, ``n_heads * d_head`` and ``n_heads * n_pos`` (the attention scores)."""
+    cfg = model.cfg
+    n_heads = int(cfg.n_heads)
+    widths = [int(cfg.d_model), n_heads * int(getattr(cfg, "d_head", 1) or 1), n_heads * int(n_pos)]
+    d_out = int(getattr(cfg, "d_vocab_out", -1) or -1)
+    widths.append(d_out if d_out > 0 else int(cfg.d_vocab))
+    if not getattr(cfg, "attn_only", False) and getattr(cfg, "d_mlp", None):
+        widths.append(int(cfg.d_mlp))
+    return int(n_pos) * max(widths)
+
+
+def _heads_per_forward(model, n_seq: int, n_pos: int, *, max_batch: int | None = None,
+                      max_elements: int | None = _MAX_ELEMENTS) -> int:
+    """How many heads of a layer :func:`mean_ablation_importance` ablates in one forward of the
+    batch (``n_seq`` sequences of ``n_pos`` tokens) repeated once per head: every head of the
+    layer, as long as ``max_elements`` (elements of the widest activation,
+    ``_activation_width``, over the repeated batch) and ``max_batch`` (sequences) allow;
+    at least one. ``None`` lifts either cap."""
+    per = int(model.cfg.n_heads)
+    if max_batch is not None:
+        per = min(per, max_batch // n_seq)
+    if max_elements is not None:
+        per = min(per, max_elements // (n_seq * _activation_width(model, n_pos)))
+    return max(1, per)
+
+
+def _check_cap(value, name: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name}: expected a positive int or None, got {value!r}")
+
+
 def mean_ablation_importance(
     model,
     task: Task,
@@ -250,6 +289,7 @@ def mean_ablation_importance(
     *,
     gates: str | Mapping | None = "zero",
     max_batch: int | None = None,
+    max_elements: int | None = _MAX_ELEMENTS,
 ) -> pd.DataFrame:
     """Accuracy drop and loss increase when one head is replaced by its batch mean (paper Section 9, (ii)).
 
@@ -271,15 +311,33 @@ def mean_ablation_importance(
     without gates pass ``gates=None`` (anything else raises :class:`NoGatesError`,
     a ``ValueError``).
 
-    Computation: one clean forward, then per layer one forward on the batch repeated
-    once per head (copy ``k`` has head ``k`` of that layer mean-ablated), i.e.
-    ``n_layers`` forwards of ``n_heads * batch`` sequences. ``max_batch`` caps the
-    sequences per forward (at least one head copy per forward) to bound memory.
+    Computation: one clean forward, then per layer forwards on the batch repeated once
+    per head of a group of that layer's heads (copy ``k`` has the group's head ``k``
+    mean-ablated). How many heads share a forward: as many as fit both caps, at least
+    one, at most the layer's heads:
+
+    * ``max_elements`` (default ``2**21``, 8 MiB of float32): elements of the widest
+      activation of the repeated batch, i.e. ``heads * len(batch) * n_pos *
+      max(d_model, d_mlp, d_vocab_out, n_heads * d_head, n_heads * n_pos)`` (the last:
+      the attention scores; ``d_mlp`` only with MLPs);
+    * ``max_batch``: sequences per forward (``heads * len(batch)``), to bound memory.
+
+    ``None`` lifts a cap (``max_elements=None, max_batch=None``: every head of a layer
+    in one forward). Why an element cap: repeating the batch pays while forwards are
+    small (each forward's fixed cost, hooks and Python, is shared by the heads in it) and
+    stops paying once activations outgrow the processor's caches, where one forward of
+    ``k`` copies costs more than ``k`` forwards of one. A few MiB per activation is where
+    that happens on common CPUs; the default is a rule of thumb, not an optimum measured
+    for any one machine: raise it on a GPU and measure with
+    ``benchmarks/trace_speed.py``. So a small model on a small batch ablates every head
+    of a layer in one forward, a large one splits. The grouping changes how the work is
+    cut, not what is computed (tested: one head per forward and all heads in one give
+    the same values).
 
     Returns one row per head, sorted by layer then head, with columns ``layer, head,
     acc_drop, loss_increase, acc_clean, acc_ablated, loss_clean, loss_ablated``.
     """
-    rows, _ = _ablation(model, task, batch, gates, max_batch)
+    rows, _ = _ablation(model, task, batch, gates, max_batch, max_elements)
     return pd.DataFrame(rows)
 
 
@@ -304,7 +362,8 @@ def _scores(task: Task, logits: Tensor, batch: Batch) -> tuple[float, float, np.
     return acc, loss, correct.cpu().numpy(), ce_b.cpu().numpy()
 
 
-def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[dict], dict]:
+def _ablation(model, task: Task, batch: Batch, gates, max_batch,
+              max_elements: int | None = _MAX_ELEMENTS) -> tuple[list[dict], dict]:
     """Rows of :func:`mean_ablation_importance` and the per-example arrays its intervals need."""
     n_layers, n_heads = check_model(model, "hook_z")
     batch = check_batch(model, batch)
@@ -312,15 +371,15 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[d
         raise ValueError(f"task: expected a circuitfade.tasks.Task (mean ablation scores answers with it), got "
                          f"{type(task).__name__}; with trace(), pass task= (a name such as 'assoc', a Task) or your "
                          "own circuitfade.tasks.Batch (as task= or batch=: it carries its targets)")
-    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
-        raise ValueError(f"max_batch: expected a positive int or None, got {max_batch!r}")
+    _check_cap(max_batch, "max_batch")
+    _check_cap(max_elements, "max_elements")
     B = len(batch)
     if B < 2:
         raise ValueError(
             f"batch: mean ablation needs at least 2 examples, got {B} (the batch mean of one example is that "
             "example, so every head would score exactly 0)"
         )
-    per_forward = n_heads if max_batch is None else max(1, min(n_heads, max_batch // B))
+    per_forward = _heads_per_forward(model, B, batch.n_pos, max_batch=max_batch, max_elements=max_elements)
     names = [f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
     means: dict[int, Tensor] = {}
 
@@ -385,6 +444,7 @@ def head_diagnostics(
     mass_gates: str | Mapping | None = None,
     ablation_gates: str | Mapping | None = "auto",
     max_batch: int | None = None,
+    max_elements: int | None = _MAX_ELEMENTS,
     resamples: int = DEFAULT_RESAMPLES,
     level: float = DEFAULT_LEVEL,
 ) -> pd.DataFrame:
@@ -401,7 +461,8 @@ def head_diagnostics(
     :data:`ABLATION_LOSS_INCREASE` (its ``loss_increase``). ``ablation_gates="auto"``
     (default): ``"zero"`` (the paper's zero-gate importance) for a gated model, the
     model as it is for a plain ``HookedTransformer``, so every metric is computed on
-    any model.
+    any model. ``max_batch`` and ``max_elements``: how many heads share an ablation
+    forward (see :func:`mean_ablation_importance`; the values do not depend on them).
 
     Intervals: a nonparametric bootstrap over evaluation *examples* (``resamples``
     resamples of the batch with replacement, :data:`BOOTSTRAP_SEED`; each estimate is
@@ -424,7 +485,7 @@ def head_diagnostics(
     ablation_gates = _auto_gates(model, ablation_gates)
     sums, counts = _successor_sums(model, batch, mass_gates)
     mass = (sums.sum(0) / counts.sum()).float()
-    rows, per_example = _ablation(model, task, batch, ablation_gates, max_batch)
+    rows, per_example = _ablation(model, task, batch, ablation_gates, max_batch, max_elements)
     abl = pd.DataFrame(rows)
     L, H = mass.shape
     values = {
