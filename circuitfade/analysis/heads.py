@@ -157,16 +157,19 @@ def _successor_sums(model, batch: Batch, gates) -> tuple[Tensor, Tensor]:
     batch = check_batch(model, batch)
     sums = torch.full((len(batch), n_layers, n_heads), float("nan"), dtype=torch.float64)
     fired = [False] * n_layers
+    # only the answer rows (query positions) of a pattern are read: gather them once per layer
+    rows = batch.answer_mask.any(0).nonzero().flatten()
+    sources = batch.answer_sources[:, rows].to(torch.float64)  # [batch, answer rows, key_pos]
+    mask = batch.answer_mask[:, rows]  # [batch, answer rows]
+    mask64 = mask.to(torch.float64)
 
     def make_hook(layer: int):
         def hook(pattern: Float[Tensor, "batch head query_pos key_pos"], hook) -> None:
-            p = pattern.to(torch.float64)
-            sources = batch.answer_sources.to(torch.float64)  # [batch, query_pos, key_pos]
-            mask = batch.answer_mask.to(torch.float64)  # [batch, query_pos]
-            mass = torch.einsum("bhqk,bqk->bhq", p, sources)  # [batch, head, query_pos]
-            total = torch.einsum("bhq,bq->bh", mass, mask)
-            broken = ((p.sum(-1) < 0.5) & batch.answer_mask[:, None, :]).any(-1)  # zeroed (NaN) rows
-            broken |= ~torch.isfinite(p).all(-1).all(-1)
+            p = pattern[:, :, rows].to(torch.float64)  # [batch, head, answer rows, key_pos]
+            mass = torch.einsum("bhqk,bqk->bhq", p, sources)  # [batch, head, answer rows]
+            total = torch.einsum("bhq,bq->bh", mass, mask64)
+            broken = ((p.sum(-1) < 0.5) & mask[:, None, :]).any(-1)  # zeroed (NaN) rows
+            broken |= ~torch.isfinite(pattern).flatten(2).all(-1)  # anywhere in the pattern
             sums[:, layer] = torch.where(broken, torch.nan, total).cpu()
             fired[layer] = True
 
