@@ -344,10 +344,33 @@ def mean_ablation_importance(
     return pd.DataFrame(rows)
 
 
-def _scores(task: Task, logits: Tensor, batch: Batch) -> tuple[float, float, np.ndarray, np.ndarray]:
+_TASK_SCORING = ("_check_logits", "_correct", "accuracy", "loss", "per_example_accuracy")
+
+
+def _answer_view(task: Task, batch: Batch) -> tuple[Tensor | None, Batch]:
+    """``(cols, view)``: the positions that hold an answer in some sequence of ``batch``, and
+    ``batch`` cut to those positions, when ``task`` scores with :class:`Task`'s own methods.
+    Those read logits only at answer positions, so :func:`_scores` of ``logits[:, cols]`` on the
+    view equals :func:`_scores` of ``logits`` on the batch while touching a fraction of the logits
+    (associative recall: one position of each sequence). ``(None, batch)`` for a task or batch
+    type that scores its own way, or when every position holds an answer."""
+    if type(batch) is not Batch or any(getattr(type(task), m, None) is not getattr(Task, m) for m in _TASK_SCORING):
+        return None, batch
+    cols = batch.answer_mask.any(0).nonzero().flatten()
+    if len(cols) == batch.n_pos:
+        return None, batch
+    n = len(cols)
+    return cols, Batch(batch.tokens[:, cols], batch.targets[:, cols], batch.answer_mask[:, cols],
+                       torch.zeros(len(batch), n, n, dtype=torch.bool, device=batch.device))
+
+
+def _scores(task: Task, logits: Tensor, batch: Batch, cols: Tensor | None = None,
+            n_pos: int | None = None) -> tuple[float, float, np.ndarray, np.ndarray]:
     """``(accuracy, loss, correct_b, ce_b)``: the task's pooled accuracy and loss (NaN if any
     answer logit is non-finite) and per-example correct counts and cross-entropy sums
-    (NaN for an example with a non-finite answer logit)."""
+    (NaN for an example with a non-finite answer logit). With ``cols`` (``logits`` and
+    ``batch`` cut to those of ``n_pos`` positions, :func:`_answer_view`), the cross-entropy
+    sums add the same terms at the same places as on the whole batch, so they agree bit for bit."""
     mask = batch.answer_mask
     finite_b = (torch.isfinite(logits).all(-1) | ~mask).all(-1)  # [batch]
     acc = float(task.accuracy(logits, batch))
@@ -358,6 +381,10 @@ def _scores(task: Task, logits: Tensor, batch: Batch) -> tuple[float, float, np.
     correct = task.per_example_accuracy(logits, batch).to(torch.float64) * counts
     ce = torch.zeros(mask.shape, dtype=torch.float64, device=logits.device)
     ce[mask] = F.cross_entropy(logits[mask].double(), batch.targets[mask], reduction="none")
+    if cols is not None:
+        full = torch.zeros((mask.shape[0], n_pos), dtype=torch.float64, device=logits.device)
+        full[:, cols] = ce
+        ce = full
     ce_b = ce.sum(1)
     nan = torch.tensor(float("nan"), dtype=torch.float64, device=logits.device)
     correct = torch.where(finite_b, correct, nan)
@@ -409,15 +436,21 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch,
         logits = model.run_with_hooks(batch.tokens, fwd_hooks=[(n, save_mean(l)) for l, n in enumerate(names)])
         if len(means) != n_layers:
             raise ValueError("model: a hook_z hook did not fire during the forward pass")
-        acc_clean, loss_clean, correct_clean, ce_clean = _scores(task, logits, batch)
+        cols, view = _answer_view(task, batch)
+        if cols is not None:
+            logits = logits[:, cols]
+        acc_clean, loss_clean, correct_clean, ce_clean = _scores(task, logits, view, cols, batch.n_pos)
         for layer in range(n_layers):
             for start in range(0, n_heads, per_forward):
                 heads = list(range(start, min(start + per_forward, n_heads)))
                 tokens = batch.tokens.repeat(len(heads), 1)  # copy k = rows [k*B, (k+1)*B)
                 logits = model.run_with_hooks(tokens, fwd_hooks=[(names[layer], ablate(layer, heads))])
                 logits = logits.view(len(heads), B, *logits.shape[1:])
+                if cols is not None:
+                    logits = logits[:, :, cols]
                 for copy, h in enumerate(heads):
-                    acc, loss, correct_abl[layer, h], ce_abl[layer, h] = _scores(task, logits[copy], batch)
+                    acc, loss, correct_abl[layer, h], ce_abl[layer, h] = _scores(task, logits[copy], view, cols,
+                                                                                 batch.n_pos)
                     rows.append(
                         {
                             "layer": layer,
