@@ -43,19 +43,12 @@ def run_trace(series, batch):
     return trace(series, [head_diagnostics], batch=batch, progress=False)
 
 
-def run_hand(series, batch, resamples: int, level: float) -> dict:
-    """The same numbers by hand: ``{(step, metric, layer, head): (value, se, lo, hi)}``."""
+def hand_checkpoint(batch, resamples: int, level: float):
+    """A function ``model -> {(metric, layer, head): (value, se, lo, hi)}``: one checkpoint by hand."""
     import numpy as np
     import torch
     import torch.nn.functional as F
 
-    from circuitfade.model import SoftPriorTransformer
-    from circuitfade.store.runs import _read_run_config
-    from circuitfade.train.rundir import RunDir
-
-    run_dir = Path(series.metadata["run_dir"])
-    cfg = _read_run_config(run_dir).model_config()
-    files = RunDir(run_dir).weight_files()
     tokens, targets, mask = batch.tokens, batch.targets, batch.answer_mask
     sources = batch.answer_sources.double()
     B = len(tokens)
@@ -83,53 +76,68 @@ def run_hand(series, batch, resamples: int, level: float) -> dict:
         ce[mask] = F.cross_entropy(lg.double(), tg, reduction="none")
         return acc, loss, correct.sum(1).numpy(), ce.sum(1).numpy()
 
+    @torch.no_grad()
+    def checkpoint(model) -> dict:
+        L, H = model.cfg.n_layers, model.cfg.n_heads
+        mass = np.zeros((B, L, H))
+
+        def save_mass(pattern, hook):
+            m = torch.einsum("bhqk,bqk->bhq", pattern.double(), sources)
+            mass[:, hook.layer()] = (m * mask[:, None, :]).sum(-1).numpy()
+
+        model.run_with_hooks(tokens, return_type=None,
+                             fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", save_mass) for l in range(L)])
+        means = {}
+
+        def save_mean(z, hook):
+            means[hook.layer()] = z.mean(0)
+
+        names = [f"blocks.{l}.attn.hook_z" for l in range(L)]
+        drop, rise = np.zeros((L, H)), np.zeros((L, H))
+        d_correct, d_ce = np.zeros((B, L, H)), np.zeros((B, L, H))
+        with model.gates(**{p: 0.0 for p in model.cfg.priors}):
+            acc0, loss0, correct0, ce0 = score(model.run_with_hooks(tokens, fwd_hooks=[(n, save_mean) for n in names]))
+            for layer in range(L):
+                for head in range(H):
+                    def ablate(z, hook, layer=layer, head=head):
+                        z = z.clone()
+                        z[:, :, head, :] = means[layer][:, head, :]
+                        return z
+
+                    acc, loss, correct, ce = score(model.run_with_hooks(tokens, fwd_hooks=[(names[layer], ablate)]))
+                    drop[layer, head], rise[layer, head] = acc0 - acc, loss - loss0
+                    d_correct[:, layer, head], d_ce[:, layer, head] = correct0 - correct, ce - ce0
+        value_mass = (mass.sum(0) / counts.sum()).astype(np.float32).astype(np.float64)
+        out = {}
+        for metric, value, num in (("successor_mass", value_mass, mass), ("ablation_importance", drop, d_correct),
+                                   ("ablation_loss_increase", rise, d_ce)):
+            se, lo, hi = interval(num)
+            for layer in range(L):
+                for head in range(H):
+                    out[(metric, layer, head)] = (value[layer, head], se[layer, head], lo[layer, head],
+                                                  hi[layer, head])
+        return out
+
+    return checkpoint
+
+
+def run_hand(series, batch, resamples: int, level: float) -> dict:
+    """The same numbers by hand: ``{(step, metric, layer, head): (value, se, lo, hi)}``; each model is
+    built from the run's config and loaded from its weight file, as a plain loop would."""
+    from circuitfade.model import SoftPriorTransformer
+    from circuitfade.store.runs import _read_run_config
+    from circuitfade.train.rundir import RunDir
+
+    run_dir = Path(series.metadata["run_dir"])
+    cfg = _read_run_config(run_dir).model_config()
+    checkpoint = hand_checkpoint(batch, resamples, level)
     out = {}
-    with torch.no_grad():
-        for step, f in files.items():
-            model = SoftPriorTransformer(cfg)
-            model.load_weights(f)
-            model.eval()
-            L, H = model.cfg.n_layers, model.cfg.n_heads
-            mass = np.zeros((B, L, H))
-
-            def save_mass(pattern, hook):
-                m = torch.einsum("bhqk,bqk->bhq", pattern.double(), sources)
-                mass[:, hook.layer()] = (m * mask[:, None, :]).sum(-1).numpy()
-
-            model.run_with_hooks(tokens, return_type=None,
-                                 fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", save_mass) for l in range(L)])
-            means = {}
-
-            def save_mean(z, hook):
-                means[hook.layer()] = z.mean(0)
-
-            names = [f"blocks.{l}.attn.hook_z" for l in range(L)]
-            drop, rise = np.zeros((L, H)), np.zeros((L, H))
-            d_correct, d_ce = np.zeros((B, L, H)), np.zeros((B, L, H))
-            with model.gates(**{p: 0.0 for p in model.cfg.priors}):
-                acc0, loss0, correct0, ce0 = score(model.run_with_hooks(tokens, fwd_hooks=[(n, save_mean)
-                                                                                           for n in names]))
-                for layer in range(L):
-                    for head in range(H):
-                        def ablate(z, hook, layer=layer, head=head):
-                            z = z.clone()
-                            z[:, :, head, :] = means[layer][:, head, :]
-                            return z
-
-                        acc, loss, correct, ce = score(model.run_with_hooks(tokens, fwd_hooks=[(names[layer],
-                                                                                                ablate)]))
-                        drop[layer, head], rise[layer, head] = acc0 - acc, loss - loss0
-                        d_correct[:, layer, head], d_ce[:, layer, head] = correct0 - correct, ce - ce0
-            value_mass = (mass.sum(0) / counts.sum()).astype(np.float32).astype(np.float64)
-            for metric, value, num in (("successor_mass", value_mass, mass),
-                                       ("ablation_importance", drop, d_correct),
-                                       ("ablation_loss_increase", rise, d_ce)):
-                se, lo, hi = interval(num)
-                for layer in range(L):
-                    for head in range(H):
-                        out[(int(step), metric, layer, head)] = (value[layer, head], se[layer, head],
-                                                                 lo[layer, head], hi[layer, head])
-            del model
+    for step, f in RunDir(run_dir).weight_files().items():
+        model = SoftPriorTransformer(cfg)
+        model.load_weights(f)
+        model.eval()
+        out.update({(int(step), *k): v for k, v in checkpoint(model).items()})
+        del model
     return out
 
 

@@ -422,7 +422,7 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch,
     def ablate(layer: int, heads: list[int]):
         def hook(z: Float[Tensor, "copies_batch pos head d_head"], hook) -> Tensor:
             _, P, H, D = z.shape
-            z = z.reshape(len(heads), B, P, H, D).clone(memory_format=torch.contiguous_format)
+            z = z.reshape(len(heads), B, P, H, D).clone()  # z's own layout: a plain copy, no transpose
             for copy, h in enumerate(heads):
                 z[copy, :, :, h, :] = means[layer][:, h, :]  # broadcast over the batch
             return z.view(len(heads) * B, P, H, D)
