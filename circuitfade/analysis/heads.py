@@ -18,6 +18,7 @@ and the model's train/eval mode is restored.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import Iterator, Mapping
 
@@ -472,6 +473,35 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch,
 
 
 # --------------------------------------------------------------------- diagnostics
+@functools.lru_cache(maxsize=4)
+def _bootstrap_weights(n: int, resamples: int) -> np.ndarray:
+    """:func:`bootstrap_weights` with :data:`BOOTSTRAP_SEED`, drawn once per ``(n, resamples)`` and
+    shared (read-only) by every checkpoint of a trace."""
+    w = bootstrap_weights(n, resamples, BOOTSTRAP_SEED)
+    w.flags.writeable = False
+    return w
+
+
+def _frame(metrics: list[str], values: np.ndarray, intervals=None) -> pd.DataFrame:
+    """The rows of :func:`per_head_frame` for several metrics at once (metric-major, then layer, then
+    head), built as one frame: ``values`` ``[metric, layer, head]``; ``intervals``: ``(se, lo, hi)``
+    each ``[metric, layer, head]`` and the resamples ``[R, metric, layer, head]``, or ``None``."""
+    M, L, H = values.shape
+    out = {
+        "layer": np.tile(np.repeat(np.arange(L), H), M),
+        "head": np.tile(np.arange(H), M * L),
+        "metric": np.repeat(np.array(metrics, dtype=object), L * H),
+        "value": np.asarray(values, dtype=np.float64).reshape(-1),
+    }
+    if intervals is not None:
+        se, lo, hi, boot = intervals
+        out.update(se=np.asarray(se, dtype=float).reshape(-1), lo=np.asarray(lo, dtype=float).reshape(-1),
+                   hi=np.asarray(hi, dtype=float).reshape(-1))
+        flat = np.asarray(boot, dtype=np.float32).reshape(boot.shape[0], -1)
+        out["boot"] = [flat[:, i].copy() for i in range(M * L * H)]
+    return pd.DataFrame(out)
+
+
 def head_diagnostics(
     model,
     batch: Batch,
@@ -531,16 +561,13 @@ def head_diagnostics(
         ABLATION_LOSS_INCREASE: (abl["loss_increase"].to_numpy().reshape(L, H), per_example["loss_increase"],
                                  per_example["counts"]),
     }
-    weights = bootstrap_weights(len(counts), resamples, BOOTSTRAP_SEED) if resamples else None
-    frames = []
-    for name, (value, num, den) in values.items():
-        if weights is None:
-            frames.append(per_head_frame(value, name))
-            continue
-        boot = bootstrap_ratio(num, den, weights)  # [R, L, H]
-        se, lo, hi = _interval(boot, level)
-        frames.append(per_head_frame(value, name, se=se, lo=lo, hi=hi, boot=boot))
-    out = pd.concat(frames, ignore_index=True)
+    intervals = None
+    if resamples:
+        weights = _bootstrap_weights(len(counts), resamples)
+        boots = [bootstrap_ratio(num, den, weights) for _, num, den in values.values()]  # each [R, L, H]
+        per_metric = [_interval(b, level) for b in boots]  # one metric at a time: numpy's NaN path is per array
+        intervals = (*(np.stack([iv[i] for iv in per_metric]) for i in range(3)), np.stack(boots, axis=1))
+    out = _frame(list(values), np.stack([v[0] for v in values.values()]), intervals)
     if not has_answer_sources(batch):
         out["note"] = pd.Series([NO_SOURCES_NOTE if m == SUCCESSOR_MASS else None for m in out["metric"]],
                                 dtype=object)
