@@ -370,9 +370,8 @@ def bootstrap_weights(n: int, resamples: int = DEFAULT_RESAMPLES, seed: int = 0)
     check_count(seed, "bootstrap_weights: seed")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(int(resamples), int(n)))
-    w = np.zeros((int(resamples), int(n)), dtype=np.float64)
-    np.add.at(w, (np.repeat(np.arange(int(resamples)), int(n)), idx.reshape(-1)), 1.0)
-    return w
+    flat = (idx + int(n) * np.arange(int(resamples))[:, None]).reshape(-1)  # resample r's draws -> row r
+    return np.bincount(flat, minlength=int(resamples) * int(n)).reshape(int(resamples), int(n)).astype(np.float64)
 
 
 def bootstrap_ratio(numerators, denominators, weights: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ and the model's train/eval mode is restored.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import Iterator, Mapping
 
@@ -155,16 +156,19 @@ def _successor_sums(model, batch: Batch, gates) -> tuple[Tensor, Tensor]:
     batch = check_batch(model, batch)
     sums = torch.full((len(batch), n_layers, n_heads), float("nan"), dtype=torch.float64)
     fired = [False] * n_layers
+    # only the answer rows (query positions) of a pattern are read: gather them once per layer
+    rows = batch.answer_mask.any(0).nonzero().flatten()
+    sources = batch.answer_sources[:, rows].to(torch.float64)  # [batch, answer rows, key_pos]
+    mask = batch.answer_mask[:, rows]  # [batch, answer rows]
+    mask64 = mask.to(torch.float64)
 
     def make_hook(layer: int):
         def hook(pattern: Float[Tensor, "batch head query_pos key_pos"], hook) -> None:
-            p = pattern.to(torch.float64)
-            sources = batch.answer_sources.to(torch.float64)  # [batch, query_pos, key_pos]
-            mask = batch.answer_mask.to(torch.float64)  # [batch, query_pos]
-            mass = torch.einsum("bhqk,bqk->bhq", p, sources)  # [batch, head, query_pos]
-            total = torch.einsum("bhq,bq->bh", mass, mask)
-            broken = ((p.sum(-1) < 0.5) & batch.answer_mask[:, None, :]).any(-1)  # zeroed (NaN) rows
-            broken |= ~torch.isfinite(p).all(-1).all(-1)
+            p = pattern[:, :, rows].to(torch.float64)  # [batch, head, answer rows, key_pos]
+            mass = torch.einsum("bhqk,bqk->bhq", p, sources)  # [batch, head, answer rows]
+            total = torch.einsum("bhq,bq->bh", mass, mask64)
+            broken = ((p.sum(-1) < 0.5) & mask[:, None, :]).any(-1)  # zeroed (NaN) rows
+            broken |= ~torch.isfinite(pattern).flatten(2).all(-1)  # anywhere in the pattern
             sums[:, layer] = torch.where(broken, torch.nan, total).cpu()
             fired[layer] = True
 
@@ -239,6 +243,45 @@ successor_mass.metric_name = SUCCESSOR_MASS
 
 
 # ------------------------------------------------------------------- mean ablation
+_MAX_ELEMENTS = 2**21
+"""Default ``max_elements`` of :func:`mean_ablation_importance` and :func:`head_diagnostics`
+(elements of the widest activation of one ablation forward; the rule is in the former's docstring)."""
+
+
+def _activation_width(model, n_pos: int) -> int:
+    """Elements per sequence of the widest activation of a forward over ``n_pos`` positions:
+    ``n_pos`` times the largest of ``d_model``, ``d_mlp`` (unless attention-only),
+    ``d_vocab_out``, ``n_heads * d_head`` and ``n_heads * n_pos`` (the attention scores)."""
+    cfg = model.cfg
+    n_heads = int(cfg.n_heads)
+    widths = [int(cfg.d_model), n_heads * int(getattr(cfg, "d_head", 1) or 1), n_heads * int(n_pos)]
+    d_out = int(getattr(cfg, "d_vocab_out", -1) or -1)
+    widths.append(d_out if d_out > 0 else int(cfg.d_vocab))
+    if not getattr(cfg, "attn_only", False) and getattr(cfg, "d_mlp", None):
+        widths.append(int(cfg.d_mlp))
+    return int(n_pos) * max(widths)
+
+
+def _heads_per_forward(model, n_seq: int, n_pos: int, *, max_batch: int | None = None,
+                      max_elements: int | None = _MAX_ELEMENTS) -> int:
+    """How many heads of a layer :func:`mean_ablation_importance` ablates in one forward of the
+    batch (``n_seq`` sequences of ``n_pos`` tokens) repeated once per head: every head of the
+    layer, as long as ``max_elements`` (elements of the widest activation,
+    ``_activation_width``, over the repeated batch) and ``max_batch`` (sequences) allow;
+    at least one. ``None`` lifts either cap."""
+    per = int(model.cfg.n_heads)
+    if max_batch is not None:
+        per = min(per, max_batch // n_seq)
+    if max_elements is not None:
+        per = min(per, max_elements // (n_seq * _activation_width(model, n_pos)))
+    return max(1, per)
+
+
+def _check_cap(value, name: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name}: expected a positive int or None, got {value!r}")
+
+
 @batch_first
 def mean_ablation_importance(
     model,
@@ -247,6 +290,7 @@ def mean_ablation_importance(
     *,
     gates: str | Mapping | None = "zero",
     max_batch: int | None = None,
+    max_elements: int | None = _MAX_ELEMENTS,
 ) -> pd.DataFrame:
     """Accuracy drop and loss increase when one head is replaced by its batch mean (paper Section 9, (ii)).
 
@@ -268,22 +312,63 @@ def mean_ablation_importance(
     without gates pass ``gates=None`` (anything else raises :class:`NoGatesError`,
     a ``ValueError``).
 
-    Computation: one clean forward, then per layer one forward on the batch repeated
-    once per head (copy ``k`` has head ``k`` of that layer mean-ablated), i.e.
-    ``n_layers`` forwards of ``n_heads * batch`` sequences. ``max_batch`` caps the
-    sequences per forward (at least one head copy per forward) to bound memory.
+    Computation: one clean forward, then per layer forwards on the batch repeated once
+    per head of a group of that layer's heads (copy ``k`` has the group's head ``k``
+    mean-ablated). How many heads share a forward: as many as fit both caps, at least
+    one, at most the layer's heads:
+
+    * ``max_elements`` (default ``2**21``, 8 MiB of float32): elements of the widest
+      activation of the repeated batch, i.e. ``heads * len(batch) * n_pos *
+      max(d_model, d_mlp, d_vocab_out, n_heads * d_head, n_heads * n_pos)`` (the last:
+      the attention scores; ``d_mlp`` only with MLPs);
+    * ``max_batch``: sequences per forward (``heads * len(batch)``), to bound memory.
+
+    ``None`` lifts a cap (``max_elements=None, max_batch=None``: every head of a layer
+    in one forward). Why an element cap: repeating the batch pays while forwards are
+    small (each forward's fixed cost, hooks and Python, is shared by the heads in it) and
+    stops paying once activations outgrow the processor's caches, where one forward of
+    ``k`` copies costs more than ``k`` forwards of one. A few MiB per activation is where
+    that happens on common CPUs; the default is a rule of thumb, not an optimum measured
+    for any one machine: raise it on a GPU and measure with
+    ``benchmarks/trace_speed.py``. So a small model on a small batch ablates every head
+    of a layer in one forward, a large one splits. The grouping changes how the work is
+    cut, not what is computed (tested: one head per forward and all heads in one give
+    the same values).
 
     Returns one row per head, sorted by layer then head, with columns ``layer, head,
     acc_drop, loss_increase, acc_clean, acc_ablated, loss_clean, loss_ablated``.
     """
-    rows, _ = _ablation(model, task, batch, gates, max_batch)
+    rows, _ = _ablation(model, task, batch, gates, max_batch, max_elements)
     return pd.DataFrame(rows)
 
 
-def _scores(task: Task, logits: Tensor, batch: Batch) -> tuple[float, float, np.ndarray, np.ndarray]:
+_TASK_SCORING = ("_check_logits", "_correct", "accuracy", "loss", "per_example_accuracy")
+
+
+def _answer_view(task: Task, batch: Batch) -> tuple[Tensor | None, Batch]:
+    """``(cols, view)``: the positions that hold an answer in some sequence of ``batch``, and
+    ``batch`` cut to those positions, when ``task`` scores with :class:`Task`'s own methods.
+    Those read logits only at answer positions, so :func:`_scores` of ``logits[:, cols]`` on the
+    view equals :func:`_scores` of ``logits`` on the batch while touching a fraction of the logits
+    (associative recall: one position of each sequence). ``(None, batch)`` for a task or batch
+    type that scores its own way, or when every position holds an answer."""
+    if type(batch) is not Batch or any(getattr(type(task), m, None) is not getattr(Task, m) for m in _TASK_SCORING):
+        return None, batch
+    cols = batch.answer_mask.any(0).nonzero().flatten()
+    if len(cols) == batch.n_pos:
+        return None, batch
+    n = len(cols)
+    return cols, Batch(batch.tokens[:, cols], batch.targets[:, cols], batch.answer_mask[:, cols],
+                       torch.zeros(len(batch), n, n, dtype=torch.bool, device=batch.device))
+
+
+def _scores(task: Task, logits: Tensor, batch: Batch, cols: Tensor | None = None,
+            n_pos: int | None = None) -> tuple[float, float, np.ndarray, np.ndarray]:
     """``(accuracy, loss, correct_b, ce_b)``: the task's pooled accuracy and loss (NaN if any
     answer logit is non-finite) and per-example correct counts and cross-entropy sums
-    (NaN for an example with a non-finite answer logit)."""
+    (NaN for an example with a non-finite answer logit). With ``cols`` (``logits`` and
+    ``batch`` cut to those of ``n_pos`` positions, :func:`_answer_view`), the cross-entropy
+    sums add the same terms at the same places as on the whole batch, so they agree bit for bit."""
     mask = batch.answer_mask
     finite_b = (torch.isfinite(logits).all(-1) | ~mask).all(-1)  # [batch]
     acc = float(task.accuracy(logits, batch))
@@ -294,6 +379,10 @@ def _scores(task: Task, logits: Tensor, batch: Batch) -> tuple[float, float, np.
     correct = task.per_example_accuracy(logits, batch).to(torch.float64) * counts
     ce = torch.zeros(mask.shape, dtype=torch.float64, device=logits.device)
     ce[mask] = F.cross_entropy(logits[mask].double(), batch.targets[mask], reduction="none")
+    if cols is not None:
+        full = torch.zeros((mask.shape[0], n_pos), dtype=torch.float64, device=logits.device)
+        full[:, cols] = ce
+        ce = full
     ce_b = ce.sum(1)
     nan = torch.tensor(float("nan"), dtype=torch.float64, device=logits.device)
     correct = torch.where(finite_b, correct, nan)
@@ -301,7 +390,8 @@ def _scores(task: Task, logits: Tensor, batch: Batch) -> tuple[float, float, np.
     return acc, loss, correct.cpu().numpy(), ce_b.cpu().numpy()
 
 
-def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[dict], dict]:
+def _ablation(model, task: Task, batch: Batch, gates, max_batch,
+              max_elements: int | None = _MAX_ELEMENTS) -> tuple[list[dict], dict]:
     """Rows of :func:`mean_ablation_importance` and the per-example arrays its intervals need."""
     n_layers, n_heads = check_model(model, "hook_z")
     batch = check_batch(model, batch)
@@ -309,15 +399,15 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[d
         raise ValueError(f"task: expected a circuitfade.tasks.Task (mean ablation scores answers with it), got "
                          f"{type(task).__name__}; with trace(), pass task= (a name such as 'assoc', a Task) or your "
                          "own circuitfade.tasks.Batch (as task= or batch=: it carries its targets)")
-    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
-        raise ValueError(f"max_batch: expected a positive int or None, got {max_batch!r}")
+    _check_cap(max_batch, "max_batch")
+    _check_cap(max_elements, "max_elements")
     B = len(batch)
     if B < 2:
         raise ValueError(
             f"batch: mean ablation needs at least 2 examples, got {B} (the batch mean of one example is that "
             "example, so every head would score exactly 0)"
         )
-    per_forward = n_heads if max_batch is None else max(1, min(n_heads, max_batch // B))
+    per_forward = _heads_per_forward(model, B, batch.n_pos, max_batch=max_batch, max_elements=max_elements)
     names = [f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
     means: dict[int, Tensor] = {}
 
@@ -330,7 +420,7 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[d
     def ablate(layer: int, heads: list[int]):
         def hook(z: Float[Tensor, "copies_batch pos head d_head"], hook) -> Tensor:
             _, P, H, D = z.shape
-            z = z.reshape(len(heads), B, P, H, D).clone(memory_format=torch.contiguous_format)
+            z = z.reshape(len(heads), B, P, H, D).clone()  # z's own layout: a plain copy, no transpose
             for copy, h in enumerate(heads):
                 z[copy, :, :, h, :] = means[layer][:, h, :]  # broadcast over the batch
             return z.view(len(heads) * B, P, H, D)
@@ -344,15 +434,21 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[d
         logits = model.run_with_hooks(batch.tokens, fwd_hooks=[(n, save_mean(l)) for l, n in enumerate(names)])
         if len(means) != n_layers:
             raise ValueError("model: a hook_z hook did not fire during the forward pass")
-        acc_clean, loss_clean, correct_clean, ce_clean = _scores(task, logits, batch)
+        cols, view = _answer_view(task, batch)
+        if cols is not None:
+            logits = logits[:, cols]
+        acc_clean, loss_clean, correct_clean, ce_clean = _scores(task, logits, view, cols, batch.n_pos)
         for layer in range(n_layers):
             for start in range(0, n_heads, per_forward):
                 heads = list(range(start, min(start + per_forward, n_heads)))
                 tokens = batch.tokens.repeat(len(heads), 1)  # copy k = rows [k*B, (k+1)*B)
                 logits = model.run_with_hooks(tokens, fwd_hooks=[(names[layer], ablate(layer, heads))])
                 logits = logits.view(len(heads), B, *logits.shape[1:])
+                if cols is not None:
+                    logits = logits[:, :, cols]
                 for copy, h in enumerate(heads):
-                    acc, loss, correct_abl[layer, h], ce_abl[layer, h] = _scores(task, logits[copy], batch)
+                    acc, loss, correct_abl[layer, h], ce_abl[layer, h] = _scores(task, logits[copy], view, cols,
+                                                                                 batch.n_pos)
                     rows.append(
                         {
                             "layer": layer,
@@ -374,6 +470,35 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch) -> tuple[list[d
 
 
 # --------------------------------------------------------------------- diagnostics
+@functools.lru_cache(maxsize=4)
+def _bootstrap_weights(n: int, resamples: int) -> np.ndarray:
+    """:func:`bootstrap_weights` with :data:`BOOTSTRAP_SEED`, drawn once per ``(n, resamples)`` and
+    shared (read-only) by every checkpoint of a trace."""
+    w = bootstrap_weights(n, resamples, BOOTSTRAP_SEED)
+    w.flags.writeable = False
+    return w
+
+
+def _frame(metrics: list[str], values: np.ndarray, intervals=None) -> pd.DataFrame:
+    """The rows of :func:`per_head_frame` for several metrics at once (metric-major, then layer, then
+    head), built as one frame: ``values`` ``[metric, layer, head]``; ``intervals``: ``(se, lo, hi)``
+    each ``[metric, layer, head]`` and the resamples ``[R, metric, layer, head]``, or ``None``."""
+    M, L, H = values.shape
+    out = {
+        "layer": np.tile(np.repeat(np.arange(L), H), M),
+        "head": np.tile(np.arange(H), M * L),
+        "metric": np.repeat(np.array(metrics, dtype=object), L * H),
+        "value": np.asarray(values, dtype=np.float64).reshape(-1),
+    }
+    if intervals is not None:
+        se, lo, hi, boot = intervals
+        out.update(se=np.asarray(se, dtype=float).reshape(-1), lo=np.asarray(lo, dtype=float).reshape(-1),
+                   hi=np.asarray(hi, dtype=float).reshape(-1))
+        flat = np.asarray(boot, dtype=np.float32).reshape(boot.shape[0], -1)
+        out["boot"] = [flat[:, i].copy() for i in range(M * L * H)]
+    return pd.DataFrame(out)
+
+
 def head_diagnostics(
     model,
     batch: Batch,
@@ -382,6 +507,7 @@ def head_diagnostics(
     mass_gates: str | Mapping | None = None,
     ablation_gates: str | Mapping | None = "auto",
     max_batch: int | None = None,
+    max_elements: int | None = _MAX_ELEMENTS,
     resamples: int = DEFAULT_RESAMPLES,
     level: float = DEFAULT_LEVEL,
 ) -> pd.DataFrame:
@@ -398,7 +524,8 @@ def head_diagnostics(
     :data:`ABLATION_LOSS_INCREASE` (its ``loss_increase``). ``ablation_gates="auto"``
     (default): ``"zero"`` (the paper's zero-gate importance) for a gated model, the
     model as it is for a plain ``HookedTransformer``, so every metric is computed on
-    any model.
+    any model. ``max_batch`` and ``max_elements``: how many heads share an ablation
+    forward (see :func:`mean_ablation_importance`; the values do not depend on them).
 
     Intervals: a nonparametric bootstrap over evaluation *examples* (``resamples``
     resamples of the batch with replacement, :data:`BOOTSTRAP_SEED`; each estimate is
@@ -421,7 +548,7 @@ def head_diagnostics(
     ablation_gates = _auto_gates(model, ablation_gates)
     sums, counts = _successor_sums(model, batch, mass_gates)
     mass = (sums.sum(0) / counts.sum()).float()
-    rows, per_example = _ablation(model, task, batch, ablation_gates, max_batch)
+    rows, per_example = _ablation(model, task, batch, ablation_gates, max_batch, max_elements)
     abl = pd.DataFrame(rows)
     L, H = mass.shape
     values = {
@@ -431,16 +558,13 @@ def head_diagnostics(
         ABLATION_LOSS_INCREASE: (abl["loss_increase"].to_numpy().reshape(L, H), per_example["loss_increase"],
                                  per_example["counts"]),
     }
-    weights = bootstrap_weights(len(counts), resamples, BOOTSTRAP_SEED) if resamples else None
-    frames = []
-    for name, (value, num, den) in values.items():
-        if weights is None:
-            frames.append(per_head_frame(value, name))
-            continue
-        boot = bootstrap_ratio(num, den, weights)  # [R, L, H]
-        se, lo, hi = _interval(boot, level)
-        frames.append(per_head_frame(value, name, se=se, lo=lo, hi=hi, boot=boot))
-    out = pd.concat(frames, ignore_index=True)
+    intervals = None
+    if resamples:
+        weights = _bootstrap_weights(len(counts), resamples)
+        boots = [bootstrap_ratio(num, den, weights) for _, num, den in values.values()]  # each [R, L, H]
+        per_metric = [_interval(b, level) for b in boots]  # one metric at a time: numpy's NaN path is per array
+        intervals = (*(np.stack([iv[i] for iv in per_metric]) for i in range(3)), np.stack(boots, axis=1))
+    out = _frame(list(values), np.stack([v[0] for v in values.values()]), intervals)
     if not has_answer_sources(batch):
         out["note"] = pd.Series([NO_SOURCES_NOTE if m == SUCCESSOR_MASS else None for m in out["metric"]],
                                 dtype=object)

@@ -310,7 +310,9 @@ def trace(
     for step, model in bar:
         model = to_device(model, device)
         dev = _model_device(model)
-        b = batch.to(dev) if isinstance(batch, (Batch, Tensor)) and dev is not None else batch
+        b = batch
+        if isinstance(batch, (Batch, Tensor)) and dev is not None and batch.device != dev:
+            b = batch.to(dev)  # once per device change, not a copy per snapshot
         for m in items:
             try:
                 with torch.set_grad_enabled(grad):

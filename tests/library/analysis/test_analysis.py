@@ -212,6 +212,47 @@ def test_batched_ablation_equals_naive_loop_on_soft_prior_model_at_zero_gate():
     assert df["acc_clean"].iloc[0] == pytest.approx(clean_zero, abs=1e-12)
 
 
+def test_heads_per_forward_does_not_change_the_numbers():
+    """One head per ablation forward, the default grouping and every head in one forward give the
+    same values, intervals and resamples bit for bit (float32 model with an MLP), and the answer-only
+    scoring of a task that scores with Task's own methods equals scoring every position."""
+    import numpy as np
+
+    from circuitfade.analysis.heads import _heads_per_forward
+
+    torch.manual_seed(2)
+    task = AssocRecall(AssocRecallConfig(n_pairs=4, n_keys=6, n_values=6, d_vocab=12, max_len=9))
+    model = compat.plain_model(dict(
+        n_layers=2, d_model=24, n_ctx=9, d_head=6, n_heads=3, d_vocab=12, d_mlp=32, act_fn="gelu", seed=2,
+    )).eval()  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    batch = eval_set(task, 40, seed=5)
+    assert _heads_per_forward(model, 40, 9, max_elements=None) == 3
+    assert _heads_per_forward(model, 40, 9) == 3  # small: the whole layer in one forward
+    assert _heads_per_forward(model, 40, 9, max_elements=40 * 9 * 32 * 2) == 2  # widest: d_mlp = 32
+    assert _heads_per_forward(model, 40, 9, max_elements=1) == 1
+    assert _heads_per_forward(model, 40, 9, max_batch=80) == 2
+    assert _heads_per_forward(model, 4096, 1024) == 1  # large: split
+
+    class EveryPosition(AssocRecall):  # scores its own way, so every position is scored
+        def accuracy(self, logits, batch):
+            return super().accuracy(logits, batch)
+
+    kw = dict(ablation_gates=None, resamples=20)
+    ref = head_diagnostics(model, batch, task, max_elements=None, **kw)
+    assert ref.loc[ref["metric"] == ABLATION_IMPORTANCE, "value"].abs().max() > 0  # not vacuous
+    for other in (head_diagnostics(model, batch, task, max_elements=1, **kw),
+                  head_diagnostics(model, batch, task, **kw),
+                  head_diagnostics(model, batch, task, max_batch=80, max_elements=None, **kw),
+                  head_diagnostics(model, batch, EveryPosition(task.config), max_elements=1, **kw)):
+        pd.testing.assert_frame_equal(ref.drop(columns="boot"), other.drop(columns="boot"), check_exact=True)
+        assert np.array_equal(np.stack(ref["boot"].to_list()), np.stack(other["boot"].to_list()))
+    with pytest.raises(ValueError, match="max_elements"):
+        head_diagnostics(model, batch, task, max_elements=0, **kw)
+
+
 # ------------------------------------------------------------------ gate table
 def planted_soft_prior(content: bool = False) -> SoftPriorTransformer:
     """One layer, two heads, NoPE. Head 0 routes only through its position bias (+40 at
