@@ -362,3 +362,26 @@ def test_auto_circuit_names_and_inputs_translate_without_the_peer():
     not_last = Batch.from_answers(tokens, [[3], [3]], targets=torch.ones(2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="the last"):
         auto_circuit_eap(None, not_last, not_last, ac=object())
+
+
+def test_trace_edges_over_a_plain_model_series_on_either_line():
+    """A series of the installed line's own plain models (a 3.x ``HookedTransformer`` or a 4.x
+    ``TransformerBridge``), traced with ``edge_attribution``: one row per edge and checkpoint, an
+    interval on each, the same edge set at every step and scores that move between checkpoints."""
+    from circuitfade.store import attach, trace
+
+    cfg = dict(n_layers=2, d_model=32, n_heads=2, d_head=16, n_ctx=P, d_vocab=V, attn_only=True,
+               normalization_type="LN")
+    models = []
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        models.append(compat.plain_model({**cfg, "seed": seed}))
+    series = attach(models, steps=[0, 10, 20])
+    traced = trace(series, [edge_attribution(steps=2, resamples=50)], CopyTask(), n=16, progress=False)
+    n_edges = len(edge_graph(models[0]))
+    assert len(traced) == 3 * n_edges and sorted(set(traced["step"])) == [0, 10, 20]
+    assert traced.groupby("step")["edge"].apply(frozenset).nunique() == 1
+    assert traced["se"].notna().all() and bool((traced["lo"] <= traced["hi"]).all())
+    assert (traced["hi"] - traced["lo"]).max() > 0
+    by_step = traced.pivot(index="edge", columns="step", values="value")
+    assert (by_step[0] - by_step[20]).abs().max() > 1e-4  # different weights, different scores
