@@ -351,7 +351,7 @@ def summarize(rows: list[dict], sizes: list[int], args: argparse.Namespace) -> d
           f"{key.replace('_', ' ')}); DEFAULT_MEMBERS[{kind!r}] = {DEFAULT_MEMBERS.get(kind)}"
           + ("" if DEFAULT_MEMBERS.get(kind) == best else "  <- differs: update DEFAULT_MEMBERS"))
     return {
-        "device": args.device, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+        "device": args.device, "arch": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
         "steps": args.steps, "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every,
         "sequential_runs": max(m["runs"] for m in seq.values()),
         "sequential": {"runs_per_hour_wall": seq_rph_wall, "runs_per_hour_cpu": seq_rph_cpu, "rss_mib": seq_rss},

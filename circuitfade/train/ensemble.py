@@ -78,10 +78,11 @@ from circuitfade.train.state import Run, new_run, one_thread
 __all__ = ["DEFAULT_MEMBERS", "default_ensemble_size", "ensemble_key", "ensemble_refusal", "fit_ensemble",
            "train_ensemble", "MemberStatus", "MemberOutcome", "Ensemble"]
 
-DEFAULT_MEMBERS = {"cpu": 64}
+DEFAULT_MEMBERS = {"cpu": 4}
 """Most members per ensemble by device type, from ``benchmarks/ensemble.py`` (the smallest E within 5%
-of the most runs per hour, one thread; ``results/benchmarks/ensemble.json`` holds the measurement);
-devices not measured use the CPU figure. A sweep splits ensembles further so that every worker
+of the most runs per hour, one thread; ``results/benchmarks/ensemble.json`` holds the measurement and
+names its machine); devices not measured use the CPU figure. A sweep on the CPU does not use it: it
+takes the size measured on the machine it runs on (:func:`circuitfade.train.calibrate.ensemble_size_here`). A sweep splits ensembles further so that every worker
 has one (:func:`~circuitfade.train.sweep.plan_jobs`)."""
 
 # training settings every member of an ensemble shares (the others are the member's own)
