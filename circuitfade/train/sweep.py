@@ -202,10 +202,10 @@ def run_sweep(
     """
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
+    configs = list(configs)
     if executor == "auto":
         from circuitfade.train.calibrate import choose_executor
 
-        configs = list(configs)
         choice = choose_executor(configs)
         if progress:
             tqdm.write(choice.describe())
@@ -214,7 +214,6 @@ def run_sweep(
     if ensemble_size is not None and (isinstance(ensemble_size, bool) or not isinstance(ensemble_size, int)
                                       or ensemble_size < 1):
         raise ValueError(f"ensemble_size must be a positive integer, got {ensemble_size!r}")
-    configs = list(configs)
     if executor == "ensemble" and ensemble_size is None and configs \
             and all(c.train.device == "cpu" for c in configs):
         from circuitfade.train.calibrate import ensemble_size_here
