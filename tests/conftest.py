@@ -31,3 +31,9 @@ import tempfile  # noqa: E402
 # cache the user's machine wrote (its choice would decide what a test sees) nor write into it: each test process
 # gets an empty cache of its own. A test that needs one executor names it.
 os.environ.setdefault("CIRCUITFADE_CACHE", tempfile.mkdtemp(prefix="circuitfade-test-cache-"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow run first (otherwise in collection order): a worker of ``pytest -n`` that picks up a
+    minute-long test near the end leaves the others idle; started first, the short tests fill in around it."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

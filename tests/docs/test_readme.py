@@ -5,9 +5,12 @@ are extracted and each command or block gets one of these treatments (chosen by 
 in :func:`plan`; ``pytest -s -k treatment`` lists every block with its treatment and, for
 anything not run, the reason):
 
-* ``run``: executed as written - a page's python blocks in one fresh interpreter, in page
+* ``run``: executed as written - a page's python blocks in one interpreter, in page
   order, as a reader pastes them into one notebook (a block sees what the blocks above it
-  defined), shell commands through ``python -m circuitfade`` / ``python`` - in a scratch folder per page that stands in
+  defined), shell commands through ``python -m circuitfade`` / ``python``, each a process of its
+  own; both are forked from a warm interpreter that has imported torch, TransformerLens and
+  circuitfade (``tests/warm_python.py``: a fresh one spends seconds on that, per page and per
+  command) - in a scratch folder per page that stands in
   for a clone's root: it holds read-only links to the repository's ``assets/`` and
   ``circuitfade/data/`` (so ``circuitfade/data/series/...`` paths resolve; ``circuitfade/``
   there is a plain folder, and the package itself is imported from the repository) and whatever
@@ -45,6 +48,7 @@ import os
 import re
 import runpy
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
@@ -54,6 +58,7 @@ from pathlib import Path
 
 import pytest
 from repo_root import REPO
+from warm_python import WarmPython, warm_python
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -218,8 +223,7 @@ def parse_only(argv: list[str]) -> None:
         return
     if argv[0] == "python" and argv[1].endswith(".py"):
         assert (REPO / argv[1]).is_file(), f"{argv[1]} does not exist"
-        r = subprocess.run([sys.executable, str(REPO / argv[1]), "--help"], cwd=REPO, capture_output=True, text=True,
-                           env=_env(), timeout=300)
+        r = warm().run([str(REPO / argv[1]), "--help"], REPO, timeout=300)
         assert r.returncode == 0, f"{argv[1]} --help: {r.stderr[-2000:]}"
         for flag in (a.split("=")[0] for a in argv[2:] if a.startswith("--")):
             assert flag in r.stdout, f"the docs run {argv[1]} with {flag}, which its --help does not list"
@@ -335,6 +339,12 @@ def _env() -> dict:
     return env
 
 
+def warm() -> WarmPython:
+    """The warm interpreter every page's python interpreter and every ``python``/``circuitfade`` command of a
+    page is forked from (tests/warm_python.py)."""
+    return warm_python(_env())
+
+
 def _run_shell(argv: list[str], cwd: Path, how: str) -> None:
     redirect = None
     if ">" in argv:  # `command > FILE`: the one shell redirection the pages use
@@ -347,7 +357,8 @@ def _run_shell(argv: list[str], cwd: Path, how: str) -> None:
             argv += TINY[argv[3]]
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
-    r = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
+    r = warm().run(argv[1:], cwd, timeout=900) if argv[0] == sys.executable else \
+        subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"{' '.join(argv)} (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     if redirect is not None:
         (cwd / redirect).write_text(r.stdout)
@@ -380,12 +391,17 @@ class PageInterpreter:
         self.folder = folder
         (folder / "_blocks_driver.py").write_text(_DRIVER)
         self.out = open(folder / "_blocks_output.txt", "w")
+        blocks_read, blocks_write = os.pipe()
         read, write = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, str(folder / "_blocks_driver.py"), str(write)], cwd=folder,
-                                     env=_env(), stdin=subprocess.PIPE, stdout=self.out, stderr=subprocess.STDOUT,
-                                     text=True, pass_fds=(write,))
-        os.close(write)
+        try:
+            self.pid = warm().popen([str(folder / "_blocks_driver.py"), "{fd:3}"], folder,
+                                    [blocks_read, self.out.fileno(), self.out.fileno(), write])
+        finally:
+            os.close(blocks_read)
+            os.close(write)
+        self.stdin = os.fdopen(blocks_write, "w")
         self.status = os.fdopen(read)
+        self.closed = False
 
     def run(self, it: Item, timeout: float = 900) -> None:
         import json
@@ -393,25 +409,32 @@ class PageInterpreter:
 
         script = self.folder / f"_block_{it.line}.py"
         script.write_text("import torch\ntorch.set_num_threads(1)\n" + textwrap.dedent(it.text) + "\n")
-        self.proc.stdin.write(f"{script}\n")
-        self.proc.stdin.flush()
+        self.stdin.write(f"{script}\n")
+        self.stdin.flush()
         ready, _, _ = select.select([self.status], [], [], timeout)
         answer = self.status.readline() if ready else ""
         if not answer:
-            self.close()
+            self.close(kill=True)
             tail = (self.folder / "_blocks_output.txt").read_text()[-3000:]
             raise AssertionError(f"{it.where} (python block): the interpreter "
                                  f"{'timed out' if not ready else 'died'}:\n{tail}")
         answer = json.loads(answer)
         assert answer["ok"], f"{it.where} (python block) failed:\n{answer['error']}"
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+    def close(self, kill: bool = False) -> None:
+        """End the interpreter: its input closed, it finishes (the status pipe reaches its end); killed when
+        ``kill`` or when it does not end within a minute."""
+        import select
+
+        if self.closed:
+            return
+        self.closed = True
+        if kill:
+            os.kill(self.pid, signal.SIGKILL)
+        self.stdin.close()
+        if not select.select([self.status], [], [], 60)[0]:
+            os.kill(self.pid, signal.SIGKILL)
+        self.status.read()
         self.out.close()
         self.status.close()
 
@@ -477,3 +500,27 @@ def test_blocks_run_in_order(page, tmp_path):
     finally:
         if interpreter is not None:
             interpreter.close()
+
+
+def test_the_warm_interpreter_runs_a_command_as_a_fresh_one_does(tmp_path):
+    """What the forked child claims to share with a fresh ``python``: torch's first random draws, argv,
+    working folder, environment, ``__main__``, exit codes, both streams and the exit handlers."""
+    (tmp_path / "prog.py").write_text(
+        "import atexit, os, sys, torch\n"
+        "atexit.register(lambda: print('bye', flush=True))\n"
+        "print(torch.rand(3).tolist(), sys.argv[1:], os.getcwd(), os.environ.get('WARM_TEST'), __name__)\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "sys.exit(int(sys.argv[1]))\n")
+    env = {**_env(), "WARM_TEST": "yes"}
+    fresh = subprocess.run([sys.executable, "prog.py", "3"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    forked = [warm_python(env).run(["prog.py", "3"], tmp_path, timeout=300) for _ in range(2)]
+    for r in [fresh, *forked]:  # the first line: three random numbers, then what must be equal
+        assert r.returncode == 3 and r.stderr == "to stderr\n"
+        assert r.stdout.split("] ", 1)[1] == fresh.stdout.split("] ", 1)[1]
+    assert forked[0].stdout != forked[1].stdout  # torch seeded afresh in each, as in two fresh processes
+    assert fresh.stdout.endswith("bye\n") and str(tmp_path) in fresh.stdout and "yes __main__" in fresh.stdout
+    failed = warm_python(env).run(["-c", "raise ValueError('planted')"], tmp_path, timeout=300)
+    assert failed.returncode == 1 and failed.stderr.splitlines()[-1] == "ValueError: planted"
+    assert "_child" not in failed.stderr  # the traceback starts at the program, as a fresh one's does
+    module = warm_python(env).run(["-m", "circuitfade", "--no-such-command"], tmp_path, timeout=300)
+    assert module.returncode == 2 and module.stderr.startswith("circuitfade: error: ")

@@ -388,7 +388,9 @@ def test_cli_help_imports_nothing_heavy():
 @pytest.mark.slow
 @pytest.mark.parametrize("study", ["paper", "removability", "history", "development", "alignment"])
 def test_every_study_has_a_help(study):
-    out = subprocess.run([sys.executable, "-m", f"studies.{study}", "--help"], capture_output=True, text=True, cwd=REPO)
+    from warm_python import run_python
+
+    out = run_python(["-m", f"studies.{study}", "--help"], REPO)
     assert out.returncode == 0, out.stderr
     assert "usage" in out.stdout.lower()
 
