@@ -14,3 +14,11 @@ def hold(spec: tuple[str, str]) -> None:
     os.close(fd)
     with open(block, "rb") as f:  # opening for reading blocks until a writer comes: none does
         f.read()
+
+
+def environ_and_parent(name: str) -> tuple[str | None, int, bool]:
+    """The worker's value of the environment variable ``name``, its parent pid and whether torch was
+    already imported before this job ran (the fork server preloads it)."""
+    import sys
+
+    return os.environ.get(name), os.getppid(), "torch" in sys.modules

@@ -1,22 +1,29 @@
-"""The one process pool: :func:`run_jobs` runs a function over job specs in spawned workers.
+"""The one process pool: :func:`run_jobs` runs a function over job specs in worker processes.
 
 Sweeps (:mod:`circuitfade.train.sweep`), the ``circuitfade demo`` command and every study
-use it, so a pool's three hard parts are solved once:
+use it, so a pool's hard parts are solved once:
 
 * **a worker that dies** (killed, out of memory) breaks a ``ProcessPoolExecutor`` and every
   unfinished job with it, without saying which job was at fault. The jobs it took down are
   retried, each in a pool of its own; a job whose own worker dies is reported through
   ``on_lost(job)`` (default: raise :class:`WorkerLost`), the others finish.
-* **workers die with their parent**: on Linux each worker asks the kernel to kill it when the
-  process that started it exits (``PR_SET_PDEATHSIG``), so a SIGTERM or SIGKILL to a sweep
-  or the demo leaves no orphan training queued runs.
+* **workers die with their parent**: each worker watches the process that made its pool (a
+  thread waiting on its pidfd on Linux) and kills itself when that process exits, and asks the
+  kernel to kill it when its own parent exits (``PR_SET_PDEATHSIG``), so a SIGTERM or SIGKILL
+  to a sweep or the demo leaves no orphan training queued runs.
 * **Ctrl-C stops the pool, not just the current jobs**: workers ignore SIGINT (the terminal
   sends it to the whole process group); the parent, on ``KeyboardInterrupt`` (or any other
   exception), cancels the queued jobs and kills its workers before re-raising, so it never
   waits for the rest of a sweep to train (the trainer's files are written atomically and its
   run lock is released by the kernel, so a killed worker leaves nothing half-done).
-* **one thread per worker** is the caller's business (the trainer pins it); the pool uses
-  the ``spawn`` start method, so nothing of the parent's state leaks into a worker.
+* **one thread per worker** is the caller's business (the trainer pins it).
+* **nothing of the parent's state leaks into a worker, and starting one is cheap**: where the
+  platform has it (Linux, macOS) the pool uses the ``forkserver`` start method: a server
+  process started fresh (not forked from the caller) imports torch, TransformerLens and the
+  trainer once, and every worker of every pool this process makes is forked from it, instead
+  of a fresh interpreter importing them again for each worker (seconds each). A worker gets
+  the caller's environment variables as they are when its pool is made, as a spawned one
+  does (those read when torch is imported take the server's values). Elsewhere: ``spawn``.
 
 ``fn`` must be a module-level function (it is pickled by name). Exceptions raised by ``fn``
 are re-raised in the parent; a function that should report failures as rows catches them
@@ -26,10 +33,13 @@ itself (as :func:`circuitfade.train.sweep.execute` does).
 from __future__ import annotations
 
 import os
+import select
 import signal
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import active_children, get_context
+from multiprocessing import active_children, get_all_start_methods, get_context
 from typing import Any, Callable, Iterator, Sequence
 
 __all__ = ["run_jobs", "WorkerLost", "LOST_WORKER"]
@@ -41,30 +51,75 @@ class WorkerLost(RuntimeError):
     """A job's own worker process died (killed by a signal, out of memory)."""
 
 
-def _die_with_parent(parent: int) -> None:
-    """Pool initializer: ignore Ctrl-C (the parent handles it) and ask Linux to SIGKILL this
-    worker when its parent exits."""
+# what the fork server imports once (its workers are forked with these loaded): torch, TransformerLens, the trainer
+PRELOAD = ["circuitfade.model", "circuitfade.train.sweep"]
+
+
+def _context():
+    """``forkserver`` (preloading :data:`PRELOAD`) where the platform has it, else ``spawn``."""
+    if "forkserver" in get_all_start_methods():
+        ctx = get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        return ctx
+    return get_context("spawn")  # pragma: no cover - Windows
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - exists, another user's
+        return True
+    return True
+
+
+def _die_with_parent(parent: int, environ: dict[str, str]) -> None:
+    """Pool initializer: take the caller's environment, ignore Ctrl-C (the caller handles it) and
+    die with the caller: a daemon thread waits on the caller's pidfd (Linux; elsewhere it polls the
+    pid each second) and SIGKILLs this worker when the caller exits, and Linux is asked to SIGKILL it
+    when the process that started it exits (the caller, or the fork server)."""
+    os.environ.clear()
+    os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    started_by = os.getppid()
+    try:
+        caller = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # pragma: no cover - not Linux >= 5.3
+        caller = None
+    if not _alive(parent):
+        os._exit(1)
+    threading.Thread(target=_kill_self_when_gone, args=(parent, caller), daemon=True,
+                     name="circuitfade-watch-caller").start()
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux: orphans possible, nothing else to do
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
         return
-    if os.getppid() != parent:  # the parent died before the request took effect
+    if os.getppid() != started_by:  # the parent died before the request took effect
         os._exit(1)
 
 
+def _kill_self_when_gone(parent: int, pidfd: int | None) -> None:
+    if pidfd is not None:
+        select.select([pidfd], [], [])  # readable once the caller has exited
+    else:  # pragma: no cover - not Linux >= 5.3
+        while _alive(parent):
+            time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class _Pool:
-    """A spawned ``ProcessPoolExecutor`` that knows its worker processes (the children of this
+    """A ``ProcessPoolExecutor`` that knows its worker processes (the children of this
     process that appeared after it was made), so :meth:`kill` can stop them."""
 
     def __init__(self, workers: int):
         self._before = set(active_children())
-        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                                            initializer=_die_with_parent, initargs=(os.getpid(),))
+        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_die_with_parent,
+                                            initargs=(os.getpid(), dict(os.environ)))
 
     def kill(self) -> None:
         """Cancel the queued jobs and SIGKILL the workers (running jobs end where they are)."""
@@ -84,7 +139,7 @@ def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], *, workers: int = 1,
     """Run ``fn(job)`` for every job; yield ``(index, result)`` as jobs finish (any order).
 
     ``inline=True`` runs in this process, in order: no pool, easy to debug; the default
-    (``None``) does so for one worker or a single job. Otherwise up to ``workers`` spawned
+    (``None``) does so for one worker or a single job. Otherwise up to ``workers`` worker
     processes. ``on_lost(job)`` gives the result
     of a job whose own worker died (default: raise :class:`WorkerLost`); ``on_wait()`` is
     called every ``wait_s`` seconds while waiting (e.g. to drain a progress queue).

@@ -112,7 +112,8 @@ def test_pool_workers_die_with_their_parent(tmp_path, sig):
     try:
         workers = _read_pids(fd, 2, parent, time.monotonic() + 300)
         watched = _watch(workers)
-        assert all(_ppid(p) == parent.pid for p in workers)  # they are the pool's workers
+        # they are the pool's workers: children of the caller, or of its fork server (a child of the caller)
+        assert all(parent.pid in (_ppid(p), _ppid(_ppid(p))) for p in workers)
         os.kill(parent.pid, sig)
         parent.wait(timeout=60)
         assert _still_running(watched, timeout=30) == []  # none is left training queued runs
@@ -175,3 +176,25 @@ def test_second_ctrl_c_during_exit_handlers_prints_no_traceback():
     assert err.strip() == ("circuitfade train: interrupted; finished checkpoints are kept: "
                            "run the same command again to resume")
     assert proc.returncode == 130
+
+
+def test_workers_start_from_the_fork_server_with_the_callers_environment(monkeypatch):
+    """Every pool's workers are forked from one fork server that imported torch once (Linux), and see the
+    caller's environment as it is when the pool is made, as spawned workers would."""
+    from multiprocessing import get_all_start_methods
+
+    from circuitfade.train.jobs import run_jobs
+    from planted_jobs import environ_and_parent
+
+    if "forkserver" not in get_all_start_methods():  # pragma: no cover - Windows
+        pytest.skip("no fork server on this platform")
+    seen = []
+    for value in ("first", "second"):
+        monkeypatch.setenv("CIRCUITFADE_TEST_VALUE", value)
+        results = [r for _, r in run_jobs(environ_and_parent, ["CIRCUITFADE_TEST_VALUE"] * 2, workers=2)]
+        assert [r[0] for r in results] == [value, value]
+        seen += results
+    servers = {ppid for _, ppid, _ in seen}
+    assert len(servers) == 1 and os.getpid() not in servers  # one server for both pools, not this process
+    assert _ppid(servers.pop()) == os.getpid()  # ... started by this process
+    assert all(preloaded for _, _, preloaded in seen)
