@@ -125,11 +125,10 @@ def run_hand(series, batch, resamples: int, level: float) -> dict:
     """The same numbers by hand: ``{(step, metric, layer, head): (value, se, lo, hi)}``; each model is
     built from the run's config and loaded from its weight file, as a plain loop would."""
     from circuitfade.model import SoftPriorTransformer
-    from circuitfade.store.runs import _read_run_config
     from circuitfade.train.rundir import RunDir
 
     run_dir = Path(series.metadata["run_dir"])
-    cfg = _read_run_config(run_dir).model_config()
+    cfg = RunDir(run_dir).read_config().model_config()
     checkpoint = hand_checkpoint(batch, resamples, level)
     out = {}
     for step, f in RunDir(run_dir).weight_files().items():

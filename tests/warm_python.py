@@ -197,8 +197,18 @@ def warm_python(env: dict[str, str]) -> WarmPython:
     return z
 
 
+def default_env() -> dict[str, str]:
+    """This process's environment with the repository first on ``PYTHONPATH`` and one OpenMP thread unless
+    set: what the tests give the programs they start."""
+    from repo_root import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def run_python(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
                timeout: float = 900) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True)``, forked
-    from the warm interpreter (``env`` defaults to this process's environment)."""
-    return warm_python(dict(os.environ) if env is None else env).run(argv, cwd, timeout)
+    from the warm interpreter (``env`` defaults to :func:`default_env`)."""
+    return warm_python(default_env() if env is None else env).run(argv, cwd, timeout)

@@ -58,7 +58,7 @@ from pathlib import Path
 
 import pytest
 from repo_root import REPO
-from warm_python import WarmPython, warm_python
+from warm_python import WarmPython, default_env, warm_python
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -334,9 +334,7 @@ def test_parse_only_catches_an_unknown_flag():
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+    return default_env()
 
 
 def warm() -> WarmPython:
