@@ -14,6 +14,10 @@ process with one torch thread (``time.process_time``), alternating which goes fi
   ``run_with_hooks`` forward per head replacing that head's ``z`` by its mean; accuracy and loss at
   the answer positions; the same bootstrap resamples drawn with numpy.
 
+Both run with the C allocator keeping freed memory for reuse (``trace`` turns it on for the process,
+as the trainers do, and the warm-up runs ``trace`` first), so the ratio compares the arithmetic and
+the bookkeeping, not page faults.
+
 Before timing, every value, standard error and interval end of the two must agree to 1e-5 (else
 the script stops). Printed and written to ``results/benchmarks/trace_speed.json`` (and ``.md``):
 each round's CPU seconds, the medians and the ratio trace / hand (target <= 1.05).

@@ -104,8 +104,8 @@ def keep_freed_memory() -> bool:
     ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` and ``mallopt(M_TRIM_THRESHOLD, 512 MiB)`` those
     blocks are reused. The arithmetic is unchanged (same kernels, same results); the process
     keeps up to :data:`HEAP_TRIM_THRESHOLD` of freed memory for reuse. The trainers
-    (:func:`~circuitfade.train.fit`, :func:`~circuitfade.train.ensemble.fit_ensemble`) call it
-    once per process; ``CIRCUITFADE_KEEP_HEAP=0`` turns it off.
+    (:func:`~circuitfade.train.fit`, :func:`~circuitfade.train.ensemble.fit_ensemble`) and
+    :func:`~circuitfade.store.trace` call it once per process; ``CIRCUITFADE_KEEP_HEAP=0`` turns it off.
     """
     global _heap_kept
     if _heap_kept is not None:

@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from circuitfade.gating.evaluation import NoGatesError
-from circuitfade.model.devices import resolve_device, to_device
+from circuitfade.model.devices import keep_freed_memory, resolve_device, to_device
 from circuitfade.tasks import EVAL_SEED, EVAL_SIZE, Batch, Task, as_task, eval_set
 
 from .series import CheckpointSeries
@@ -260,7 +260,10 @@ def trace(
     neither task nor batch, ``ValueError``: "this series has no task; pass task=".
     Progress: :func:`progress_bar`. ``device``
     (``"cpu"``, ``"cuda"``, ``"mps"``, ``"auto"``) moves each snapshot's model there
-    first (default: where the series put it).
+    first (default: where the series put it). Like the trainers, ``trace`` lets the C
+    allocator reuse freed tensor memory (:func:`~circuitfade.model.devices.keep_freed_memory`,
+    once per process; ``CIRCUITFADE_KEEP_HEAP=0`` turns it off): each checkpoint's forwards
+    allocate and free the same few-MiB activations, which otherwise fault in fresh pages.
 
     Metric protocol (explicit, see :class:`Metric`): ``metrics`` is a dict ``{name: fn}``
     or a list of functions / :class:`Metric` objects. Each is called with the inputs it
@@ -303,6 +306,7 @@ def trace(
             f"or your own Batch) or batch= to trace {need}"
         )
     frames: list[pd.DataFrame] = []
+    keep_freed_memory()
     bar = progress_bar(series, total=len(series), disable=not progress,
                        desc=str(series.metadata.get("run", "trace")), leave=False)
     if device is not None:
