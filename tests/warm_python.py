@@ -120,11 +120,12 @@ _serve(socket.socket(fileno=int(sys.argv[1])))
 
 
 class WarmPython:
-    """One zygote; :meth:`run` is a blocking ``subprocess.run`` and :meth:`popen` a process whose
-    three standard streams are the file descriptors given."""
+    """One zygote started with ``env``; :meth:`run` is a blocking ``subprocess.run`` and :meth:`popen` a
+    process whose three standard streams are the file descriptors given. A child's environment is
+    ``env``, or the one its call names (import-time variables as the zygote had them)."""
 
     def __init__(self, env: dict[str, str]):
-        self.env = env
+        self.env = dict(env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE, str(theirs.fileno())], env=env,
                                      stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
@@ -132,27 +133,28 @@ class WarmPython:
         self.sock = ours
         self.replies = ours.makefile("r")
 
-    def _request(self, argv: list[str], cwd: Path, fds: list[int], wait: bool) -> int:
+    def _request(self, argv: list[str], cwd: Path, fds: list[int], wait: bool, env: dict[str, str] | None) -> int:
         if self.proc.poll() is not None:
             raise RuntimeError(f"the warm interpreter exited with code {self.proc.returncode}")
-        req = {"argv": argv, "cwd": str(cwd), "wait": wait, "env": self.env}
+        req = {"argv": argv, "cwd": str(cwd), "wait": wait, "env": self.env if env is None else env}
         socket.send_fds(self.sock, [json.dumps(req).encode()], fds)
         line = self.replies.readline()
         if not line:
             raise RuntimeError(f"the warm interpreter died (exit code {self.proc.wait()})")
         return json.loads(line)["pid"]
 
-    def popen(self, argv: list[str], cwd: Path, fds: list[int]) -> int:
+    def popen(self, argv: list[str], cwd: Path, fds: list[int], env: dict[str, str] | None = None) -> int:
         """Start ``python *argv`` in ``cwd``; ``fds`` are its stdin, stdout, stderr and any further descriptors
         it keeps open, named in ``argv`` as ``{fd:3}``, ``{fd:4}``...; its pid (not waited for)."""
-        return self._request(argv, cwd, fds, wait=False)
+        return self._request(argv, cwd, fds, wait=False, env=env)
 
-    def run(self, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], cwd: Path, timeout: float,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         """``python *argv`` in ``cwd``: exit code, stdout and stderr, as ``subprocess.run`` gives them."""
         import tempfile
 
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull) as null:
-            pid = self._request(argv, cwd, [null.fileno(), out.fileno(), err.fileno()], wait=True)
+            pid = self._request(argv, cwd, [null.fileno(), out.fileno(), err.fileno()], wait=True, env=env)
             self.sock.settimeout(timeout)
             try:
                 line = self.replies.readline()
@@ -184,8 +186,8 @@ _ZYGOTES: dict[tuple, WarmPython] = {}
 
 
 def warm_python(env: dict[str, str]) -> WarmPython:
-    """This test process's warm interpreter for ``env`` (started at first use, ended at exit); one per set of
-    values of :data:`IMPORT_TIME`, the child getting ``env`` as its whole environment."""
+    """This test process's warm interpreter for ``env`` (started with it at first use, ended at exit); one per
+    set of values of :data:`IMPORT_TIME`."""
     key = tuple(env.get(k) for k in IMPORT_TIME)
     z = _ZYGOTES.get(key)
     if z is None or z.proc.poll() is not None:
@@ -193,7 +195,6 @@ def warm_python(env: dict[str, str]) -> WarmPython:
 
         z = _ZYGOTES[key] = WarmPython(dict(env))
         atexit.register(z.close)
-    z.env = dict(env)
     return z
 
 
@@ -211,4 +212,5 @@ def run_python(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
                timeout: float = 900) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True)``, forked
     from the warm interpreter (``env`` defaults to :func:`default_env`)."""
-    return warm_python(default_env() if env is None else env).run(argv, cwd, timeout)
+    env = default_env() if env is None else env
+    return warm_python(env).run(argv, cwd, timeout, env=env)

@@ -188,8 +188,8 @@ def run_sweep(
 
     Finished runs (``done.json`` present, same config) are not retrained, whichever executor
     trained them. The local and ensemble executors start worker processes that import the
-    calling script's main module, so a script calling this must do so under ``if __name__ == "__main__":`` (notebooks and the CLI need
-    nothing). ``ensemble_size``: most members per ensemble (executor ``"ensemble"``; default on the
+    calling script's main module, so a script calling this must do so under
+    ``if __name__ == "__main__":`` (notebooks and the CLI need nothing). ``ensemble_size``: most members per ensemble (executor ``"ensemble"``; default on the
     CPU: the size that trained the most runs per second in this machine's calibration,
     :func:`~circuitfade.train.calibrate.ensemble_size_here`, cached; on another device
     :func:`~circuitfade.train.ensemble.default_ensemble_size`). With

@@ -333,14 +333,10 @@ def test_parse_only_catches_an_unknown_flag():
         parse_only(["python", "-c", "def ("])
 
 
-def _env() -> dict:
-    return default_env()
-
-
 def warm() -> WarmPython:
     """The warm interpreter every page's python interpreter and every ``python``/``circuitfade`` command of a
     page is forked from (tests/warm_python.py)."""
-    return warm_python(_env())
+    return warm_python(default_env())
 
 
 def _run_shell(argv: list[str], cwd: Path, how: str) -> None:
@@ -356,7 +352,7 @@ def _run_shell(argv: list[str], cwd: Path, how: str) -> None:
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     r = warm().run(argv[1:], cwd, timeout=900) if argv[0] == sys.executable else \
-        subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
+        subprocess.run(argv, cwd=cwd, env=default_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"{' '.join(argv)} (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     if redirect is not None:
         (cwd / redirect).write_text(r.stdout)
@@ -509,16 +505,16 @@ def test_the_warm_interpreter_runs_a_command_as_a_fresh_one_does(tmp_path):
         "print(torch.rand(3).tolist(), sys.argv[1:], os.getcwd(), os.environ.get('WARM_TEST'), __name__)\n"
         "print('to stderr', file=sys.stderr)\n"
         "sys.exit(int(sys.argv[1]))\n")
-    env = {**_env(), "WARM_TEST": "yes"}
+    env = {**default_env(), "WARM_TEST": "yes"}
     fresh = subprocess.run([sys.executable, "prog.py", "3"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    forked = [warm_python(env).run(["prog.py", "3"], tmp_path, timeout=300) for _ in range(2)]
+    forked = [warm_python(env).run(["prog.py", "3"], tmp_path, timeout=300, env=env) for _ in range(2)]
     for r in [fresh, *forked]:  # the first line: three random numbers, then what must be equal
         assert r.returncode == 3 and r.stderr == "to stderr\n"
         assert r.stdout.split("] ", 1)[1] == fresh.stdout.split("] ", 1)[1]
     assert forked[0].stdout != forked[1].stdout  # torch seeded afresh in each, as in two fresh processes
     assert fresh.stdout.endswith("bye\n") and str(tmp_path) in fresh.stdout and "yes __main__" in fresh.stdout
-    failed = warm_python(env).run(["-c", "raise ValueError('planted')"], tmp_path, timeout=300)
+    failed = warm_python(env).run(["-c", "raise ValueError('planted')"], tmp_path, timeout=300, env=env)
     assert failed.returncode == 1 and failed.stderr.splitlines()[-1] == "ValueError: planted"
     assert "_child" not in failed.stderr  # the traceback starts at the program, as a fresh one's does
-    module = warm_python(env).run(["-m", "circuitfade", "--no-such-command"], tmp_path, timeout=300)
+    module = warm_python(env).run(["-m", "circuitfade", "--no-such-command"], tmp_path, timeout=300, env=env)
     assert module.returncode == 2 and module.stderr.startswith("circuitfade: error: ")
