@@ -124,9 +124,12 @@ save(pio.read_json(sys.argv[1]), sys.argv[2], width=int(sys.argv[3]), height=int
 """
 
 
-def _export_in_child(fig: go.Figure, path: Path, w: int, h: int, scale: float, timeout: float) -> bytes:
-    """Export in a child process that is killed (with the browser it started) after ``timeout`` s:
-    kaleido 0.2's headless Chromium can hang on a heavily loaded machine."""
+def _export_in_child(fig: go.Figure, path: Path, w: int, h: int, scale: float, timeout: float,
+                     retries: int) -> bytes:
+    """Export in a child process that is killed (with the browser it started) after ``timeout`` s,
+    and tried again in a fresh child up to ``retries`` times: kaleido 0.2's headless Chromium
+    sometimes never answers (a race in its pipe to Python, more frequent on a loaded machine),
+    and a fresh browser does not inherit the hang."""
     import contextlib
     import signal
     import subprocess
@@ -136,18 +139,23 @@ def _export_in_child(fig: go.Figure, path: Path, w: int, h: int, scale: float, t
     with tempfile.TemporaryDirectory() as tmp:
         src, dst, log = Path(tmp) / "fig.json", Path(tmp) / ("fig" + path.suffix), Path(tmp) / "stderr.txt"
         src.write_text(fig.to_json())
-        # stderr to a file, not a pipe: a browser that escaped the kill would hold a pipe open for ever
-        with open(log, "wb") as err_file:
-            proc = subprocess.Popen([sys.executable, "-c", _CHILD_EXPORT, str(src), str(dst), str(w), str(h),
-                                     str(scale)], start_new_session=True, stdout=subprocess.DEVNULL, stderr=err_file)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=10)
-                raise ExportError(f"cannot write {path}: the image exporter did not finish within {timeout:g} s") from None
+        for _ in range(retries + 1):
+            # stderr to a file, not a pipe: a browser that escaped the kill would hold a pipe open for ever
+            with open(log, "wb") as err_file:
+                proc = subprocess.Popen([sys.executable, "-c", _CHILD_EXPORT, str(src), str(dst), str(w), str(h),
+                                         str(scale)], start_new_session=True, stdout=subprocess.DEVNULL,
+                                        stderr=err_file)
+                try:
+                    proc.wait(timeout=timeout)
+                    break
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=10)
+        else:
+            tries = f" ({retries + 1} tries)" if retries else ""
+            raise ExportError(f"cannot write {path}: the image exporter did not finish within {timeout:g} s{tries}")
         if proc.returncode != 0:
             err = log.read_bytes()
             last = err.decode(errors="replace").strip().splitlines()[-1:] or ["failed"]
@@ -156,7 +164,7 @@ def _export_in_child(fig: go.Figure, path: Path, w: int, h: int, scale: float, t
 
 
 def save(fig: go.Figure, path: str | os.PathLike, *, width: int | None = None, height: int | None = None,
-         scale: float = 1.0, plotlyjs: str = "embed", timeout: float | None = None) -> Path:
+         scale: float = 1.0, plotlyjs: str = "embed", timeout: float | None = None, retries: int = 2) -> Path:
     """Write ``fig`` to ``path``, the format taken from its suffix; returns the path.
 
     * ``.html``: always works; plotly.js embedded (``plotlyjs="embed"``, offline, ~4.8 MB)
@@ -166,8 +174,9 @@ def save(fig: go.Figure, path: str | os.PathLike, *, width: int | None = None, h
       :func:`image_exporter`, ``width`` (default 900) x ``height`` (default
       ``fig.layout.height`` or 450) pixels times ``scale``. Without a working exporter: :class:`ExportError` saying how to
       install one (``pip install 'circuitfade[figures]'``). With ``timeout`` (seconds) the
-      export runs in a child process that is killed after that long (an :class:`ExportError`),
-      for batch jobs on loaded machines where the exporter's browser can hang.
+      export runs in a child process that is killed after that long and tried again in a fresh
+      one up to ``retries`` times (then an :class:`ExportError`), for batch jobs on loaded
+      machines where the exporter's browser can hang.
 
     Folders are created; the file is written atomically (an existing one is replaced).
     """
@@ -190,7 +199,9 @@ def save(fig: go.Figure, path: str | os.PathLike, *, width: int | None = None, h
     w = int(width or fig.layout.width or 900)
     h = int(height or fig.layout.height or 450)
     if timeout is not None:
-        return atomic_write(path, _export_in_child(fig, path, w, h, float(scale), float(timeout)))
+        if not timeout > 0 or int(retries) != retries or retries < 0:
+            raise ValueError(f"timeout must be > 0 s and retries a whole number >= 0, got {timeout!r} and {retries!r}")
+        return atomic_write(path, _export_in_child(fig, path, w, h, float(scale), float(timeout), int(retries)))
     export, why = image_exporter()
     if export is None:
         raise ExportError(f"cannot write {path}: no image exporter works here ({why}). {EXPORTER_HINT}")

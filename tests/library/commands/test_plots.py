@@ -461,12 +461,23 @@ def test_attention_view_uses_circuitsvis_when_installed(monkeypatch):
 
 def test_save_with_timeout_exports_in_a_child_and_reports_a_hang(tmp_path, monkeypatch):
     fig = go.Figure(go.Bar(y=[1, 2, 3]))
-    out = plots.save(fig, tmp_path / "child.png", width=300, height=200, timeout=300)
+    out = plots.save(fig, tmp_path / "child.png", width=300, height=200, timeout=120)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # a child that never finishes is killed and reported, not waited for
+    # a child that never finishes is killed and reported, not waited for ...
     monkeypatch.setattr(export, "_CHILD_EXPORT", "while True: pass\n")
-    with pytest.raises(export.ExportError, match="did not finish within 0.2 s"):
-        plots.save(fig, tmp_path / "hang.png", timeout=0.2)
+    with pytest.raises(export.ExportError, match=r"did not finish within 0.2 s \(2 tries\)"):
+        plots.save(fig, tmp_path / "hang.png", timeout=0.2, retries=1)
+    with pytest.raises(export.ExportError, match=r"did not finish within 0.2 s$"):
+        plots.save(fig, tmp_path / "hang.png", timeout=0.2, retries=0)
+    # ... and a hang that a fresh child does not repeat costs one try, not the figure
+    once = ("import os, sys\nmark = sys.argv[1] + '.tried'\nif not os.path.exists(mark):\n"
+            "    open(mark, 'w').close()\n    while True: pass\n"
+            "open(sys.argv[2], 'wb').write(b'\\x89PNG planted')\n")
+    monkeypatch.setattr(export, "_CHILD_EXPORT", once)
+    assert plots.save(fig, tmp_path / "second.png", timeout=0.5).read_bytes() == b"\x89PNG planted"
+    for bad in ({"timeout": 0}, {"timeout": 1, "retries": -1}, {"timeout": 1, "retries": 1.5}):
+        with pytest.raises(ValueError, match="timeout must be > 0 s and retries a whole number"):
+            plots.save(fig, tmp_path / "bad.png", **bad)
     # ... also when it started a process of its own that escapes the kill and keeps stderr open
     # (it outlives the kill by 6 s, then exits; waiting on its pipe would take those 6 s)
     grandchild = "import os, time\\np = os.getppid()\\nwhile os.getppid() == p: time.sleep(0.05)\\ntime.sleep(6)"
@@ -475,7 +486,7 @@ def test_save_with_timeout_exports_in_a_child_and_reports_a_hang(tmp_path, monke
     monkeypatch.setattr(export, "_CHILD_EXPORT", escape)
     t0 = time.monotonic()
     with pytest.raises(export.ExportError, match="did not finish within 1 s"):
-        plots.save(fig, tmp_path / "escaped.png", timeout=1)
+        plots.save(fig, tmp_path / "escaped.png", timeout=1, retries=0)
     assert time.monotonic() - t0 < 5
     monkeypatch.setattr(export, "_CHILD_EXPORT", "raise SystemExit('no browser here')\n")
     with pytest.raises(export.ExportError, match="no browser here"):
