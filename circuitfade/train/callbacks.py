@@ -24,6 +24,13 @@ and checkpoint, if due, are written) and ``fit`` returns with ``run.step`` at th
 ``train_loss`` column stays the task loss (before ``on_loss``). Hooks a callback does not define
 do nothing (subclass :class:`Callback`, or write any object with some of these methods).
 
+:func:`~circuitfade.train.ensemble.fit_ensemble` takes the same callbacks for the hooks that see
+one member's finished step: ``on_record``, ``on_checkpoint`` and ``on_step``, each called with
+that member's run (its weights as the single run's at that step); ``True`` stops that member
+alone. The hooks inside a step (``on_loss``, ``before_update``, ``after_update``) act on one
+model's loss and gradient, which the stacked members do not have: ``fit_ensemble`` refuses
+callbacks that define them.
+
 :class:`L2Penalty` is the general callback shipped here: ``(wd / 2) |theta|^2`` added to the loss,
 so that it is inside the gradient that clipping and the optimizer see (unlike AdamW's decoupled
 weight decay).
@@ -110,6 +117,11 @@ class Callbacks:
 
     def _each(self, name: str) -> list[Callable]:
         return [getattr(c, name) for c in self.items if callable(getattr(c, name, None))]
+
+    def defines(self, name: str) -> bool:
+        """Whether a callback defines hook ``name`` (beyond :class:`Callback`'s do-nothing one)."""
+        return any(getattr(type(c), name, None) is not getattr(Callback, name) for c in self.items
+                   if callable(getattr(c, name, None)))
 
     def on_loss(self, run, batch, loss):
         for hook in self._each("on_loss"):

@@ -56,7 +56,7 @@ from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.core import logits_at_all_positions
 from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
-from circuitfade.train.callbacks import NON_FINITE_WEIGHTS, divergence, is_eval_step, step_loop
+from circuitfade.train.callbacks import NON_FINITE_WEIGHTS, Callback, Callbacks, divergence, is_eval_step, step_loop
 from circuitfade.train.checkpoints import (
     clean_scratch,
     complete_checkpoints,
@@ -342,7 +342,8 @@ class Ensemble:
 
 def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Sequence[Path | str | None] | None = None,
                  task: Task | None = None, eval_batch: Batch | None = None, progress: bool = False,
-                 logger: Callable[[int, int, dict], None] | None = None) -> list[TrainingDiverged | OSError | None]:
+                 logger: Callable[[int, int, dict], None] | None = None,
+                 callbacks: Sequence[Callback] | None = None) -> list[TrainingDiverged | OSError | None]:
     """:func:`~circuitfade.train.loop.fit` for E runs at one step, trained as one stacked model.
 
     Advances every run from their common ``run.step`` to ``until`` (default: the runs'
@@ -351,6 +352,15 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
     checkpoints at its checkpoint steps. The runs are updated in place and end as ordinary
     single runs (weights, optimizer state, generators, step, metrics), so :func:`fit` can
     continue any of them alone. ``logger(member, step, row)`` receives every evaluation row.
+
+    ``callbacks``: :class:`~circuitfade.train.callbacks.Callback` s whose ``on_record``,
+    ``on_checkpoint`` and ``on_step`` are called per member with that member's run, as
+    :func:`fit` calls them, the run holding that member's weights at that step (its optimizer
+    state is copied back when the member stops or ends; ``on_step`` copies the weights every
+    step, so define it only where needed); ``True`` from ``on_record`` or ``on_step`` stops that member
+    at that step (its entry stays ``None``: ``fit`` returns the same way) and the others go on.
+    Callbacks that define ``on_loss``, ``before_update`` or ``after_update`` are refused
+    (``ValueError``): those act on one model's loss and gradient; use :func:`fit`.
 
     Returns one entry per run: ``None``, or the :class:`TrainingDiverged` that stopped it
     (raised by the single trainer at the same step, with the same message: the member's
@@ -370,6 +380,11 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
     if isinstance(until, bool) or not isinstance(until, int) or not step0 <= until <= tc.steps:
         raise ValueError(f"fit_ensemble(until={until!r}): expected an integer step in [{step0} (the runs' step), "
                          f"{tc.steps} (config.train.steps)]")
+    hooks = Callbacks(callbacks)
+    inside = [name for name in ("on_loss", "before_update", "after_update") if hooks.defines(name)]
+    if inside:
+        raise ValueError(f"fit_ensemble: a callback defines {', '.join(inside)}, which act on one model's loss or "
+                         "gradient; the ensemble calls on_record, on_checkpoint and on_step (use fit for the others)")
     keep_freed_memory()
     ens = Ensemble(runs)
     task = task if task is not None else runs[0].config.make_task()
@@ -379,9 +394,12 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
     errors: list[TrainingDiverged | OSError | None] = [None] * len(runs)
     starts = [int((r.config.parent or {}).get("step", 0)) for r in runs]
 
+    stopping: set[int] = set()  # slots a callback stopped at this step
+
     def record(slots: Sequence[int], loss_values: Sequence[float]) -> list[int]:
         """Each member's evaluation row at its step (the single trainer's row; evaluated together);
-        returns the slots whose ``metrics.csv`` could not be written."""
+        returns the slots whose ``metrics.csv`` could not be written (a callback's ``True`` from
+        ``on_record`` adds the slot to ``stopping``)."""
         rows = []
         for slot, lv in zip(slots, loss_values):
             run = ens.sync(slot, optimizer=False)
@@ -403,6 +421,8 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
                     continue
             if logger is not None:
                 logger(i, run.step, dict(row))
+            if hooks and hooks.on_record(ens.sync(slot, optimizer=False), dict(row)):
+                stopping.add(slot)
         return unwritten
 
     def checkpoint(slots: Sequence[int]) -> list[int]:
@@ -426,6 +446,9 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
             except OSError as e:  # this member's disk: it stops here, the others go on
                 errors[i] = e
                 bad.append(s)
+                continue
+            if hooks:
+                hooks.on_checkpoint(ens.runs[i], ens.runs[i].step)
         return bad
 
     last: dict = {}  # the step being finished: its losses, the slots that failed and those that advanced
@@ -434,6 +457,7 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
         due = [s for s, run in enumerate(runs) if (not run.metrics or run.metrics[-1]["step"] < run.step)
                and is_eval_step(run.step, tc.eval_every, until)]
         unwritten = record(due, [float("nan")] * len(due)) if due else []
+        stopping.clear()  # fit too goes on past the starting row whatever on_record says
         bad = unwritten + checkpoint([s for s in range(len(runs)) if s not in unwritten])
         if bad:
             ens.drop(bad)
@@ -460,8 +484,14 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
         ok, failed, lvs = last["ok"], last["failed"], last["lvs"]
         unwritten = record(ok, [lvs[s] for s in ok]) if due else []
         bad = unwritten + checkpoint([s for s in ok if s not in unwritten])
-        if failed or bad:
-            ens.drop(failed + bad)
+        if hooks.defines("on_step"):
+            stopping.update(s for s in ok if s not in bad and hooks.on_step(ens.sync(s, optimizer=False)))
+        stopped = sorted(s for s in stopping if s not in bad)
+        for s in stopped:  # ends as fit returns: weights, optimizer and generators in its run
+            ens.sync(s)
+        stopping.clear()
+        if failed or bad or stopped:
+            ens.drop(failed + bad + stopped)
         return False
 
     with one_thread():

@@ -533,3 +533,70 @@ def test_the_benchmark_measures_in_a_child_process(tmp_path):
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["mode"] == "ensemble" and row["runs"] == 2 and row["status"] == ["done", "done"]
     assert row["cpu_s"] > 0 and row["rss_mib"] > 0
+
+
+class StopAt:
+    """Records every hook call per seed; stops the run of ``seed`` at ``step`` (``on_record`` or ``on_step``)."""
+
+    def __init__(self, seed: int, step: int, hook: str):
+        self.seed, self.step, self.hook, self.calls = seed, step, hook, []
+
+    def _stop(self, run, hook: str) -> bool:
+        return hook == self.hook and run.config.seed == self.seed and run.step >= self.step
+
+    def on_record(self, run, row):
+        self.calls.append(("record", run.config.seed, run.step, row["step"]))
+        return self._stop(run, "on_record")
+
+    def on_checkpoint(self, run, step):
+        self.calls.append(("checkpoint", run.config.seed, step))
+
+    def on_step(self, run):
+        self.calls.append(("step", run.config.seed, run.step, float(next(run.model.parameters()).detach().sum())))
+        return self._stop(run, "on_step")
+
+
+@exact
+@pytest.mark.parametrize("hook", ["on_record", "on_step"])
+def test_a_callback_stops_one_member_where_fit_stops_its_single_run(tmp_path, hook):
+    cfgs = [RunConfig.from_dict({**c.to_dict(), "train": {**c.to_dict()["train"], "eval_every": 4,
+                                                          "checkpoint_every": 4}}) for c in members(12)]
+    stop_seed = cfgs[1].seed
+    ens_cb = StopAt(stop_seed, 8, hook)
+    runs = [new_run(c) for c in cfgs]
+    assert fit_ensemble(runs, run_dirs=[tmp_path / f"e{i}" for i in range(3)], callbacks=[ens_cb]) == [None] * 3
+    assert [r.step for r in runs] == [12, 8, 12]  # the stopped member alone
+    for i, (r, c) in enumerate(zip(runs, cfgs)):
+        cb = StopAt(stop_seed, 8, hook)
+        ref = new_run(c)
+        fit(ref, run_dir=tmp_path / f"s{i}", progress=False, callbacks=[cb])
+        assert ref.step == r.step and json.dumps(r.metrics) == json.dumps(ref.metrics)
+        for (n, p), q in zip(r.model.named_parameters(), ref.model.parameters()):
+            assert torch.equal(p, q), n
+        assert all(torch.equal(a, b) for a, b in zip(r.optimizer.state_dict()["state"][0].values(),
+                                                      ref.optimizer.state_dict()["state"][0].values()))
+        # the same hooks, in the same order, seeing the same weights, as fit calls them for this run
+        mine = [call for call in ens_cb.calls if call[1] == c.seed]
+        assert mine == cb.calls and len(mine) > 10
+        assert sorted(p.name for p in (tmp_path / f"e{i}").iterdir()) == sorted(p.name for p in (tmp_path / f"s{i}").iterdir())
+    fit(runs[1], progress=False)  # the stopped member continues alone as an ordinary run
+    assert runs[1].step == 12
+
+
+def test_fit_ensemble_refuses_callbacks_that_act_inside_a_step():
+    from circuitfade.train.callbacks import Callback, L2Penalty
+
+    class Recorder(Callback):
+        def on_record(self, run, row):
+            return None
+
+    class Clip:
+        def before_update(self, run, grad_norm):
+            pass
+
+    runs = [new_run(c) for c in members(4)]
+    for cb, named in ((L2Penalty(0.1), "on_loss"), (Clip(), "before_update")):
+        with pytest.raises(ValueError, match=f"a callback defines {named}.*use fit"):
+            fit_ensemble(runs, callbacks=[Recorder(), cb])
+    assert all(r.step == 0 for r in runs)
+    assert fit_ensemble(runs, until=2, callbacks=[Recorder()]) == [None] * 3  # Callback's own do-nothing hooks pass
