@@ -50,8 +50,10 @@ each input position.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import math
+import warnings
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -131,17 +133,16 @@ def _derangement(n: int, generator: torch.Generator) -> Tensor:
     return perm
 
 
-def _resolve(model, task_or_batch, task: Task | None, chance: float | None, n: int, seed: int | None):
-    if isinstance(task_or_batch, Task):
-        task = task_or_batch
+def _resolve(model, batch, task: Task | None, chance: float | None, n: int, seed: int | None):
+    if isinstance(batch, Task):
+        if task is not None:
+            raise ValueError("batch: a Task stands for its evaluation set, so task= must not be given as well; "
+                             "pass the Batch to score as batch")
+        task = batch
         batch = eval_set(task, n=n) if seed is None else eval_set(task, n=n, seed=seed)
-    elif isinstance(task_or_batch, Batch):
-        batch = task_or_batch
-    elif isinstance(task_or_batch, tuple) and len(task_or_batch) == 2:
-        task, batch = task_or_batch
-    else:
-        raise ValueError(f"task_or_batch: expected a Task, a Batch or (task, batch), got {type(task_or_batch).__name__}")
-    if not isinstance(batch, Batch) or batch.n_answers == 0:
+    elif not isinstance(batch, Batch):
+        raise ValueError(f"batch: expected a Batch or a Task, got {type(batch).__name__}")
+    if batch.n_answers == 0:
         raise ValueError("part_ablation needs a Batch with at least one answer position")
     if chance is None:
         if task is None:
@@ -155,16 +156,40 @@ def _resolve(model, task_or_batch, task: Task | None, chance: float | None, n: i
     return batch.to(device), float(chance)
 
 
+def _parts_first(fn):
+    """``part_ablation(model, batch, task, *, parts=...)`` that also takes the previous release's
+    ``part_ablation(model, parts, task_or_batch, task=...)`` (``task_or_batch``: a Task, a Batch or
+    ``(task, batch)``) for one release, with a ``DeprecationWarning``."""
+
+    @functools.wraps(fn)
+    def wrapper(model, *args, **kwargs):
+        if "parts" in kwargs or not args:
+            return fn(model, *args, **kwargs)
+        if isinstance(args[0], (Batch, Task)):
+            raise TypeError("part_ablation(model, batch, task, *, parts): parts= is missing")
+        parts, rest = args[0], args[1:]
+        data, task = (rest[0] if rest else kwargs.pop("task_or_batch", None)), kwargs.pop("task", None)
+        if isinstance(data, tuple) and len(data) == 2:
+            task, data = data
+        warnings.warn("part_ablation(model, parts, task_or_batch): the argument order is now "
+                      "part_ablation(model, batch, task, parts=parts); the old order will be refused in the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        return fn(model, data, task, parts=parts, **kwargs)
+
+    return wrapper
+
+
+@_parts_first
 @torch.no_grad()
 def part_ablation(
     model,
-    parts,
-    task_or_batch,
+    batch: Batch | Task,
+    task: Task | None = None,
     *,
+    parts,
     method: str = "mean",
     n_random: int = 8,
     seed: int = 0,
-    task: Task | None = None,
     chance: float | None = None,
     n: int = 512,
     eval_seed: int | None = None,
@@ -173,10 +198,12 @@ def part_ablation(
     """Retained fraction of the capability when each part, and each of ``n_random`` random
     non-part heads, is ablated alone (see the module docstring for the definitions).
 
-    ``parts``: see :func:`normalize_parts`. ``task_or_batch``: a :class:`Task` (scored on
-    ``eval_set(task, n, eval_seed)``), a :class:`Batch` (then ``chance=`` or ``task=``), or
-    ``(task, batch)``. ``n_random``: how many distinct non-part heads to draw (fewer if
-    fewer exist), with ``seed`` (which also seeds ``"resample"``).
+    The arguments follow the model-level analyses' order ``(model, batch, task, *, options)``:
+    ``batch``: a :class:`Batch` (then ``task`` or ``chance=`` gives chance), or a :class:`Task`
+    (scored on ``eval_set(task, n, eval_seed)``); ``parts``: see :func:`normalize_parts`.
+    ``n_random``: how many distinct non-part heads to draw (fewer if fewer exist), with ``seed``
+    (which also seeds ``"resample"``). The previous order ``part_ablation(model, parts,
+    task_or_batch)`` still works for one release, with a ``DeprecationWarning``.
 
     Returns a tidy frame with :data:`PART_COLUMNS` (one row per ablation): ``kind``
     (``"part"`` or ``"random"``), ``part`` (its name, or the head's label), ``heads``
@@ -193,7 +220,7 @@ def part_ablation(
         bad = [h for h in heads if not (0 <= h[0] < n_layers and 0 <= h[1] < n_heads)]
         if bad:
             raise ValueError(f"part {name!r}: heads {bad} not in a model with {n_layers} layers x {n_heads} heads")
-    batch, chance = _resolve(model, task_or_batch, task, chance, n, eval_seed)
+    batch, chance = _resolve(model, batch, task, chance, n, eval_seed)
     gen = torch.Generator().manual_seed(int(seed))
     in_parts = {h for g in named.values() for h in g}
     others = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in in_parts]
@@ -263,7 +290,7 @@ def trace_part_ablation(series, parts, task: Task | None = None, *, method: str 
 
     def metric(model, b, t):
         ps = parts(model, b) if callable(parts) else parts
-        df = part_ablation(model, ps, (t, b), method=method, n_random=n_random, seed=seed, min_gap=min_gap)
+        df = part_ablation(model, b, t, parts=ps, method=method, n_random=n_random, seed=seed, min_gap=min_gap)
         return df.assign(metric="retained", value=df["retained"])
 
     kw = {"batch": batch} if batch is not None else {"n": n}

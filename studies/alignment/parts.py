@@ -121,7 +121,7 @@ def base_job(spec: Mapping, out: str) -> dict:
     if ig is not None:
         ev = eval_set(task, n=512, seed=EVAL_SEED + 1)  # an evaluation batch the stopping rule never saw
         parts = [(0, i) for i in range(k)]
-        frames = [part_ablation(run.model, parts, (task, ev), method=mth, n_random=run.model.cfg.n_heads - k,
+        frames = [part_ablation(run.model, ev, task, parts=parts, method=mth, n_random=run.model.cfg.n_heads - k,
                                 seed=seed).assign(k=k, seed=seed) for mth in ("mean", "zero", "resample")]
         res["ablation"] = pd.concat(frames, ignore_index=True).to_dict("records")
     return res

@@ -79,7 +79,7 @@ def ablate_cell(model, task, batch, *, k: int, seed: int, methods=METHODS) -> tu
     ablation rows (with ``k, seed``) and the routing (``parts, own, shared, attention``)."""
     route = routing_parts(model, batch.tokens, task.positions, task.query_pos)
     n_other = model.cfg.n_heads - len(route["parts"])
-    frames = [part_ablation(model, route["parts"], (task, batch), method=m, n_random=n_other, seed=seed)
+    frames = [part_ablation(model, batch, task, parts=route["parts"], method=m, n_random=n_other, seed=seed)
               .assign(k=k, seed=seed) for m in methods]
     return pd.concat(frames, ignore_index=True), {key: route[key] for key in ("parts", "own", "shared", "attention")}
 

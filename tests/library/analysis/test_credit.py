@@ -33,7 +33,7 @@ def _cells(builder, batch_of, pinned: bool) -> pd.DataFrame:
         task = make_task("kpart", k=k, v=3, n_distractors=1)
         model, parts = builder(task, pinned=pinned)
         for s in (0, 1):
-            frames.append(part_ablation(model, parts, (task, batch_of(task, s)), n_random=2).assign(k=k, seed=s))
+            frames.append(part_ablation(model, batch_of(task, s), task, parts=parts, n_random=2).assign(k=k, seed=s))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -93,7 +93,7 @@ def test_hand_built_circuit_is_exact(k):
     b = eval_set(task, n=512)
     with torch.no_grad():
         assert float(task.accuracy(model(b.tokens), b)) == 1.0
-    df = part_ablation(model, parts, task, method="mean", n_random=2)
+    df = part_ablation(model, task, parts=parts, method="mean", n_random=2)
     part, rnd = df[df.kind == "part"], df[df.kind == "random"]
     assert len(part) == k and len(rnd) == 2
     assert (part.acc_intact == 1.0).all() and (part.partial_credit == (k - 1) / k).all()
@@ -107,7 +107,7 @@ def test_hand_built_circuit_is_exact(k):
 def test_part_ablation_methods_on_hand_built(method):
     task = make_task("kpart", k=3, v=5, n_distractors=2)
     model, parts = hand_built_model(task, spare_heads=2)
-    df = part_ablation(model, {"first": parts[0], "rest": parts[1:]}, task, method=method, n_random=5, seed=1)
+    df = part_ablation(model, task, parts={"first": parts[0], "rest": parts[1:]}, method=method, n_random=5, seed=1)
     assert list(df.part[:2]) == ["first", "rest"] and df.heads[1] == "L0H1+L0H2"
     assert (df[df.kind == "part"].retained.abs() < 0.12).all()
     assert (df[df.kind == "random"].acc_ablated == 1.0).all()
@@ -120,7 +120,7 @@ def test_part_ablation_does_not_change_the_model():
     model, parts = hand_built_model(task)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.train()
-    part_ablation(model, parts, task, method="resample")
+    part_ablation(model, task, parts=parts, method="resample")
     assert model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -129,13 +129,28 @@ def test_part_ablation_bad_input():
     task = make_task("kpart", k=2, v=3, n_distractors=1)
     model, parts = hand_built_model(task)
     with pytest.raises(ValueError, match="method"):
-        part_ablation(model, parts, task, method="median")
+        part_ablation(model, task, parts=parts, method="median")
     with pytest.raises(ValueError, match="not in a model"):
-        part_ablation(model, [(0, 9)], task)
+        part_ablation(model, task, parts=[(0, 9)])
     with pytest.raises(ValueError, match="two parts"):
         normalize_parts({"a": (0, 1), "b": [(0, 1), (0, 2)]})
     with pytest.raises(ValueError, match="chance"):
-        part_ablation(model, parts, eval_set(task, 16))
+        part_ablation(model, eval_set(task, 16), parts=parts)
+    with pytest.raises(ValueError, match="task= must not be given"):
+        part_ablation(model, task, task, parts=parts)
+    with pytest.raises(TypeError, match="parts= is missing"):
+        part_ablation(model, eval_set(task, 16), task)
+
+
+def test_part_ablation_takes_the_previous_order_for_one_release_with_a_warning():
+    task = make_task("kpart", k=2, v=3, n_distractors=1)
+    model, parts = hand_built_model(task, spare_heads=2)
+    b = eval_set(task, 64)
+    now = part_ablation(model, b, task, parts=parts, n_random=2)
+    for old in (lambda: part_ablation(model, parts, (task, b), n_random=2),
+                lambda: part_ablation(model, parts, b, task=task, n_random=2)):
+        with pytest.warns(DeprecationWarning, match=r"now part_ablation\(model, batch, task, parts=parts\)"):
+            assert old().equals(now)
 
 
 def test_part_ablation_on_a_plain_hooked_transformer_and_a_bare_batch():
@@ -145,7 +160,7 @@ def test_part_ablation_on_a_plain_hooked_transformer_and_a_bare_batch():
     model = compat.plain_model(cfg)
     task = make_task("kpart", k=3, v=3, n_distractors=1)
     b = eval_set(task, 64)
-    df = part_ablation(model, [(0, 1), (1, 2)], b, chance=1 / 3, n_random=10)
+    df = part_ablation(model, b, parts=[(0, 1), (1, 2)], chance=1 / 3, n_random=10)
     assert len(df) == 2 + 4 and set(df.kind) == {"part", "random"}
     assert df.acc_intact.between(0, 1).all()
     if df.acc_intact.iloc[0] < 1 / 3 + 0.1:
