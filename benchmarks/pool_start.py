@@ -23,20 +23,18 @@ import sys
 import time
 from pathlib import Path
 
+from circuitfade.train.jobs import START_METHOD_ENV
 from results_files import command_line, write_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 
 _CHILD = """
 import json, os, sys, time
-from multiprocessing import get_context
 sys.path.insert(0, {bench!r})
 from pool_start import job
 from circuitfade.train import jobs as pool
 
-method, pools, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-if method == "spawn":
-    pool._context = lambda: get_context("spawn")
+pools, workers = int(sys.argv[1]), int(sys.argv[2])
 if __name__ == "__main__":
     times = []
     for _ in range(pools):
@@ -56,8 +54,9 @@ def job(i: int) -> int:
 
 
 def measure(method: str, pools: int, workers: int) -> list[float]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", _CHILD.format(bench=str(Path(__file__).parent)), method, str(pools),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           START_METHOD_ENV: method}
+    r = subprocess.run([sys.executable, "-c", _CHILD.format(bench=str(Path(__file__).parent)), str(pools),
                         str(workers)], capture_output=True, text=True, env=env, cwd=REPO)
     if r.returncode != 0:
         raise RuntimeError(f"{method}: {r.stderr[-2000:]}")

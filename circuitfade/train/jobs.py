@@ -23,7 +23,8 @@ use it, so a pool's hard parts are solved once:
   trainer once, and every worker of every pool this process makes is forked from it, instead
   of a fresh interpreter importing them again for each worker (seconds each). A worker gets
   the caller's environment variables as they are when its pool is made, as a spawned one
-  does (those read when torch is imported take the server's values). Elsewhere: ``spawn``.
+  does (those read when torch is imported take the server's values). Elsewhere, or with
+  ``CIRCUITFADE_START_METHOD=spawn``: ``spawn``.
 
 ``fn`` must be a module-level function (it is pickled by name). Exceptions raised by ``fn``
 are re-raised in the parent; a function that should report failures as rows catches them
@@ -42,7 +43,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import active_children, get_all_start_methods, get_context
 from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["run_jobs", "WorkerLost", "LOST_WORKER"]
+__all__ = ["run_jobs", "WorkerLost", "LOST_WORKER", "START_METHOD_ENV"]
 
 LOST_WORKER = "worker process died (killed by a signal, e.g. out of memory) while running this job"
 
@@ -55,8 +56,19 @@ class WorkerLost(RuntimeError):
 PRELOAD = ["circuitfade.model", "circuitfade.train.sweep"]
 
 
+START_METHOD_ENV = "CIRCUITFADE_START_METHOD"
+"""Environment variable naming the pool's start method: ``forkserver`` (the default where the
+platform has it) or ``spawn`` (a fresh interpreter per worker, as on Windows)."""
+
+
 def _context():
-    """``forkserver`` (preloading :data:`PRELOAD`) where the platform has it, else ``spawn``."""
+    """``forkserver`` (preloading :data:`PRELOAD`) where the platform has it, else ``spawn``;
+    :data:`START_METHOD_ENV` chooses one."""
+    chosen = os.environ.get(START_METHOD_ENV, "").strip()
+    if chosen not in ("", "forkserver", "spawn"):
+        raise ValueError(f"{START_METHOD_ENV}={chosen!r}: expected 'forkserver' or 'spawn'")
+    if chosen == "spawn":
+        return get_context("spawn")
     if "forkserver" in get_all_start_methods():
         ctx = get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)

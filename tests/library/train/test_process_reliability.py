@@ -178,6 +178,20 @@ def test_second_ctrl_c_during_exit_handlers_prints_no_traceback():
     assert proc.returncode == 130
 
 
+def test_the_start_method_is_chosen_by_its_environment_variable(monkeypatch):
+    """``CIRCUITFADE_START_METHOD=spawn``: the worker is this process's own child (not the fork
+    server's); an unknown method is refused before any worker starts."""
+    from circuitfade.train.jobs import START_METHOD_ENV, run_jobs
+    from planted_jobs import environ_and_parent
+
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    [(_, (value, ppid, _))] = list(run_jobs(environ_and_parent, [START_METHOD_ENV], workers=1, inline=False))
+    assert value == "spawn" and ppid == os.getpid()
+    monkeypatch.setenv(START_METHOD_ENV, "fork")
+    with pytest.raises(ValueError, match="CIRCUITFADE_START_METHOD='fork': expected 'forkserver' or 'spawn'"):
+        list(run_jobs(environ_and_parent, [START_METHOD_ENV], workers=1, inline=False))
+
+
 def test_workers_start_from_the_fork_server_with_the_callers_environment(monkeypatch):
     """Every pool's workers are forked from one fork server that imported torch once (Linux), and see the
     caller's environment as it is when the pool is made, as spawned workers would."""
