@@ -185,6 +185,7 @@ def prior_attention(
     gates: Mapping[str, Tensor],
     rows: Int[Tensor, "n_rows"] | None = None,
     prior_term: PriorTerm = module_prior_term,
+    vocab: tuple[Tensor, Tensor] | None = None,
 ) -> Float[Tensor, "*members batch pos_or_rows d_model"]:
     """The fused attention with priors (main paper, Eq. 1), per (member,) batch and head::
 
@@ -196,7 +197,8 @@ def prior_attention(
     :data:`ATTENTION_WEIGHTS` (TransformerLens's shapes, or with a leading member axis ``E``, then
     ``x``, ``token_embed`` and the gates ``[E, head]`` have it too); ``gates[prior]``: ``[head]``;
     ``prior_term``: each prior's factors or bias on these inputs (:func:`module_prior_term`
-    calls the prior module).
+    calls the prior module); ``vocab``: ``(tokens, W_E)`` where ``token_embed == W_E[tokens]``
+    (token inputs), handed to the priors (:class:`~circuitfade.model.priors.PriorInputs`).
 
     With ``rows`` (query positions), queries, attention and the output are computed only at
     those positions (keys and values still at every position). Not for priors that need the
@@ -221,7 +223,8 @@ def prior_attention(
     M = q.shape[-2]
     needs = any(p.needs_scores for p in attn.priors.values())
     scores = (q @ k.transpose(-1, -2)) / scale if needs else None
-    inputs = PriorInputs(token_embed, x, scores, query_index=rows)
+    tokens, W_E = vocab if vocab is not None else (None, None)
+    inputs = PriorInputs(token_embed, x, scores, query_index=rows, tokens=tokens, W_E=W_E)
     qs, ks, bias = [q / scale], [k], None
     for name, prior in attn.priors.items():
         g = _head_gate(gates[name].to(q.dtype))
@@ -446,6 +449,7 @@ class PriorAttentionCore:
         token_embed: Float[Tensor, "batch pos d_model"],
         causal: Float[Tensor, "query_pos key_pos"],
         rows: Int[Tensor, "n_rows"] | None = None,
+        vocab: tuple[Tensor, Tensor] | None = None,
     ) -> Float[Tensor, "batch pos_or_rows d_model"]:
         """Unhooked path (:func:`prior_attention` on this module's weights and gates): one QKV
         matmul, low-rank priors as extra query-key columns, the other priors (gated) plus the
@@ -457,7 +461,7 @@ class PriorAttentionCore:
         """
         weights = {name: getattr(self, name) for name in ATTENTION_WEIGHTS}
         gates = {name: self.gate(name) for name in self.priors}
-        return prior_attention(self, x, token_embed, causal, weights, gates, rows)
+        return prior_attention(self, x, token_embed, causal, weights, gates, rows, vocab=vocab)
 
 
 # --------------------------------------------------------------------------------------
@@ -474,11 +478,13 @@ class PriorBlockCore:
         token_embed: Float[Tensor, "batch pos d_model"],
         causal: Float[Tensor, "query_pos key_pos"] | None = None,
         rows: Int[Tensor, "n_rows"] | None = None,
+        vocab: tuple[Tensor, Tensor] | None = None,
     ) -> Float[Tensor, "batch pos_or_rows d_model"]:
         """``resid + attn(ln1(resid))`` then ``+ mlp(ln2(·))``. With ``causal`` (the additive mask):
-        the fused path, no hooks (``rows``: only those query positions); else every hook fires."""
+        the fused path, no hooks (``rows``: only those query positions; ``vocab``: ``(tokens, W_E)``
+        of token inputs, for the priors); else every hook fires."""
         if causal is not None:
-            return fused_block(resid_pre, lambda h: self.attn.forward_fused(h, token_embed, causal, rows),
+            return fused_block(resid_pre, lambda h: self.attn.forward_fused(h, token_embed, causal, rows, vocab),
                                lambda h: layer_norm_unhooked(self.ln1, h), lambda h: layer_norm_unhooked(self.ln2, h),
                                None if self.cfg.attn_only else self.mlp, rows)
         resid_pre = self.hook_resid_pre(resid_pre)  # [batch, pos, d_model]
@@ -619,7 +625,8 @@ class SoftPriorCore:
         stream before block ``stop_at_layer``."""
         embed = self._embed(tokens)
         causal = self._causal(tokens.shape[1], tokens.device)
-        blocks = [lambda resid, r, block=block: block(resid, embed, causal, r) for block in self.blocks]
+        vocab = (tokens, self.W_E) if self.cfg.input_mode != "real" else None
+        blocks = [lambda resid, r, block=block: block(resid, embed, causal, r, vocab) for block in self.blocks]
         learned_pos = self.cfg.positional_embedding_type in ("standard", "shortformer")
         norm = self.cfg.normalization_type is not None
         return fused_logits(embed, blocks, self.unembed.W_U, self.unembed.b_U,

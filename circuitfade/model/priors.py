@@ -33,7 +33,7 @@ from typing import Callable, Mapping
 
 import torch
 import torch.nn as nn
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 
@@ -48,12 +48,39 @@ class PriorInputs:
     answer-position fast path) names the only query rows the layer needs: a prior
     may return just those rows, ``[..., len(query_index), key_pos]``, or all rows
     (the layer then keeps the ones asked for).
+
+    On the fused path with token inputs, ``tokens`` and ``W_E`` are the token ids and the
+    embedding matrix (``token_embed == W_E[tokens]``; with a member axis ``[E, batch, pos]`` and
+    ``[E, d_vocab, d_model]``): a prior that is linear in the token embedding may compute its
+    values once per vocabulary entry and look them up (:func:`per_token`). Elsewhere ``None``.
     """
 
     token_embed: Float[Tensor, "batch pos d_model"]
     resid: Float[Tensor, "batch pos d_model"]
     scores: Float[Tensor, "batch head query_pos key_pos"] | None = None
     query_index: Tensor | None = None
+    tokens: Int[Tensor, "batch pos"] | None = None
+    W_E: Float[Tensor, "d_vocab d_model"] | None = None
+
+
+def per_token(inputs: PriorInputs, w: Float[Tensor, "*members d_model n"]) -> Float[Tensor, "*members batch pos n"]:
+    """``token_embed @ w``, computed once per vocabulary entry and looked up where that is less
+    work (``inputs.tokens`` known and ``d_vocab < batch * pos``): ``(W_E @ w)[tokens]``, the same
+    values (each row is the same dot products), gradients equal up to float rounding (summed
+    per token instead of per position). With a member axis ``w [E, d_model, n]``: one ``bmm``
+    and each member's own lookup."""
+    e, tokens, W_E = inputs.token_embed, inputs.tokens, inputs.W_E
+    if tokens is None or W_E is None or W_E.shape[-2] >= tokens.shape[-2] * tokens.shape[-1]:
+        if w.dim() == 2:
+            return e @ w
+        # [E, batch, pos, d_model] @ [E, d_model, n], one bmm
+        return torch.bmm(e.reshape(w.shape[0], -1, e.shape[-1]), w).view(*e.shape[:-1], w.shape[-1])
+    if w.dim() == 2:
+        return (W_E @ w)[tokens]
+    table = torch.bmm(W_E, w)  # [E, d_vocab, n]
+    E, V = table.shape[:2]
+    offset = (torch.arange(E, device=tokens.device) * V).view(E, *([1] * (tokens.dim() - 1)))
+    return table.reshape(E * V, table.shape[-1])[tokens + offset]
 
 
 class AttentionPrior(nn.Module):
@@ -167,16 +194,11 @@ class BilinearContentBias(AttentionPrior):
 
     def _factors(self, W_cq: Tensor, W_ck: Tensor, inputs: PriorInputs) -> tuple[Tensor, Tensor]:
         """Both factors from one matrix product ``e @ [W_cq | W_ck]`` (``[d_model, head * 2r]``; with a
-        member axis one ``bmm``), queries then kept at ``query_index``: fewer, larger kernels than
-        a product per factor (the rows not kept cost ``batch * pos * head * r`` multiply-adds)."""
-        e = inputs.token_embed
+        member axis one ``bmm``; per vocabulary entry where that is less work: :func:`per_token`),
+        queries then kept at ``query_index``: fewer, larger kernels than a product per factor."""
         H, D, r = W_cq.shape[-3:]
         w = torch.cat([W_cq, W_ck], -1).movedim(-3, -2).flatten(-2)  # [*E, d_model, head * 2r]
-        if w.dim() == 2:
-            both = e @ w
-        else:  # [E, batch, pos, d_model] @ [E, d_model, head * 2r], one bmm
-            both = torch.bmm(e.reshape(w.shape[0], -1, D), w).view(*e.shape[:-1], w.shape[-1])
-        both = both.unflatten(-1, (H, 2 * r)).transpose(-3, -2)  # [*E, batch, head, pos, 2r]
+        both = per_token(inputs, w).unflatten(-1, (H, 2 * r)).transpose(-3, -2)  # [*E, batch, head, pos, 2r]
         cq, ck = both[..., :r], both[..., r:]
         if inputs.query_index is not None:
             cq = cq[..., inputs.query_index, :]

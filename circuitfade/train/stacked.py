@@ -47,7 +47,8 @@ class _Factors(nn.Module):
 
 def _member_inputs(inputs: PriorInputs, e: int) -> PriorInputs:
     return PriorInputs(inputs.token_embed[e], inputs.resid[e],
-                       None if inputs.scores is None else inputs.scores[e], inputs.query_index)
+                       None if inputs.scores is None else inputs.scores[e], inputs.query_index,
+                       None if inputs.tokens is None else inputs.tokens[e], None if inputs.W_E is None else inputs.W_E[e])
 
 
 GateValues = Sequence[dict[str, Tensor]]
@@ -148,14 +149,16 @@ class StackedModel:
     def attention(self, layer: int, x: Float[Tensor, "E batch pos d_model"],
                   token_embed: Float[Tensor, "E batch pos d_model"], causal: Float[Tensor, "pos pos"],
                   rows: Int[Tensor, "rows"] | None, zero: Bool[Tensor, "E"] | None,
-                  override: GateValues | None = None) -> Float[Tensor, "E batch pos_or_rows d_model"]:
+                  override: GateValues | None = None, vocab: tuple[Tensor, Tensor] | None = None
+                  ) -> Float[Tensor, "E batch pos_or_rows d_model"]:
         """Block ``layer``'s attention: :func:`~circuitfade.model.core.prior_attention` (the single
         model's fused attention) on the members' stacked weights, gates and prior terms."""
         attn = self.template.blocks[layer].attn
         pre = f"blocks.{layer}.attn."
         weights = {name: self.params[pre + name] for name in ATTENTION_WEIGHTS}
         return prior_attention(attn, x, token_embed, causal, weights, self.gates(layer, zero, override), rows,
-                               prior_term=lambda name, prior, inputs: self._prior_term(layer, name, prior, inputs))
+                               prior_term=lambda name, prior, inputs: self._prior_term(layer, name, prior, inputs),
+                               vocab=vocab)
 
     def _prior_term(self, layer: int, name: str, prior: nn.Module, inputs: PriorInputs):
         """Prior ``name``'s factors or bias for every member (``[E, ...]``), with the members' weights:
@@ -195,10 +198,11 @@ class StackedModel:
         cfg = self.cfg
         embed = self.embed(x)
         causal = causal_mask(x.shape[2], x.device)
+        vocab = (x, self.params["embed.W_E"]) if cfg.input_mode != "real" else None
 
         def block(i: int, resid: Tensor, r: Tensor | None) -> Tensor:
             b, pre = self.template.blocks[i], f"blocks.{i}."
-            return fused_block(resid, lambda h: self.attention(i, h, embed, causal, r, zero, gates),
+            return fused_block(resid, lambda h: self.attention(i, h, embed, causal, r, zero, gates, vocab),
                                lambda h: self._per_member(b.ln1, pre + "ln1.", h),
                                lambda h: self._per_member(b.ln2, pre + "ln2.", h),
                                None if cfg.attn_only else (lambda h: self._per_member(b.mlp, pre + "mlp.", h)), r)

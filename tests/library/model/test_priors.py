@@ -269,3 +269,44 @@ def test_random_prior_init_is_reproducible_from_the_seed(name):
     assert any(not torch.equal(pa[k], pc[k]) for k in pa)
     layer0, layer1 = (a.blocks[i].attn.priors[name] for i in (0, 1))
     assert any(not torch.equal(x, y) for x, y in zip(layer0.parameters(), layer1.parameters()))
+
+
+# -- per_token: a prior linear in the token embedding, computed per vocabulary entry --------------
+def test_per_token_looks_up_the_same_values_the_embedding_product_gives():
+    from dataclasses import replace
+
+    from circuitfade.model.priors import per_token
+
+    g = torch.Generator().manual_seed(0)
+    V, D, n_out, E = 7, 16, 12, 3
+    W_E = torch.randn(E, V, D, generator=g, requires_grad=True)
+    w = torch.randn(E, D, n_out, generator=g, requires_grad=True)
+    tokens = torch.randint(0, V, (E, 5, 9), generator=g)
+    embed = W_E.reshape(E * V, D)[tokens + (torch.arange(E) * V).view(E, 1, 1)]  # as the stacked model embeds
+    looked = PriorInputs(embed, embed, tokens=tokens, W_E=W_E)
+    plain = replace(looked, tokens=None, W_E=None)
+    for e in range(E):  # one member: the single model's case
+        single = PriorInputs(embed[e], embed[e], tokens=tokens[e], W_E=W_E[e])
+        assert torch.equal(per_token(single, w[e]), embed[e] @ w[e])  # the same dot products, bit for bit
+    assert torch.equal(per_token(looked, w), torch.bmm(embed.reshape(E, -1, D), w).view(E, 5, 9, n_out))
+    assert torch.equal(per_token(looked, w), per_token(plain, w))
+    # gradients: summed per token rather than per position, equal up to float rounding
+    grads = [torch.autograd.grad(per_token(x, w).square().sum(), (W_E, w)) for x in (looked, plain)]
+    for a, b in zip(*grads):
+        assert float((a - b).abs().max()) <= 1e-6 * float(a.abs().max())
+    # a vocabulary as large as batch * pos: the product on the embeddings, as without tokens
+    wide = replace(looked, tokens=tokens[:, :1, :3])
+    assert torch.equal(per_token(replace(wide, token_embed=embed[:, :1, :3]), w),
+                       torch.bmm(embed[:, :1, :3].reshape(E, -1, D), w).view(E, 1, 3, n_out))
+
+
+def test_the_content_prior_gives_the_fused_path_the_same_logits_with_and_without_its_table():
+    """The fused forward looks the content factors up per token; the hooked path (no token ids
+    handed to the priors) computes them on the embeddings: the same content bias bit for bit."""
+    model = _model("content", fixed_one=True, randomize=True)
+    tokens = _tokens(batch=8, n=N)  # 32 tokens of a 32-entry vocabulary per row: 256 > 32, the table is used
+    attn = model.blocks[0].attn
+    embed = model.W_E[tokens]
+    looked = PriorInputs(embed, embed, tokens=tokens, W_E=model.W_E)
+    plain = PriorInputs(embed, embed)
+    assert torch.equal(attn.priors["content"](looked), attn.priors["content"](plain))
