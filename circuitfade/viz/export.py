@@ -71,8 +71,72 @@ EXPORTER_HINT = ("pip install 'circuitfade[figures]' (kaleido==0.2.1: bundles it
 _EXPORTER: dict = {}
 
 
+HANG_SECONDS = 120.0
+"""How long an export in this process waits for kaleido 0.2's browser before taking it as hung."""
+HANG_TRIES = 3
+"""How many times an export in this process is tried, each in a fresh browser, before :class:`ExportError`."""
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren, ...), read from ``/proc`` (``[]`` elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _kill_tree(proc) -> None:
+    """SIGKILL ``proc`` (a ``subprocess.Popen``) and every process below it: a blocked read of its
+    pipe then ends (kaleido 0.2 runs its browser under a shell script that keeps the pipe open)."""
+    import contextlib
+    import signal
+
+    if proc is None or proc.poll() is not None:
+        return
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _unless_hung(call, process, seconds: float, tries: int):
+    """``call()`` in this thread; when it has not returned after ``seconds``, the process tree of
+    ``process()`` is killed (its pipe closes, so the call fails instead of waiting for ever) and
+    ``call`` is tried again, up to ``tries`` times in all; then :class:`ExportError`."""
+    import threading
+
+    for _ in range(tries):
+        hung = threading.Event()
+
+        def kill() -> None:
+            hung.set()
+            _kill_tree(process())
+
+        timer = threading.Timer(seconds, kill)
+        timer.daemon = True
+        timer.start()
+        try:
+            return call()
+        except Exception:
+            if not hung.is_set():
+                raise
+        finally:
+            timer.cancel()
+    raise ExportError(f"the image exporter's browser did not answer within {seconds:g} s, {tries} times")
+
+
 def _kaleido_v0():
-    """kaleido 0.2.x's plotly scope, fed plotly's own plotly.js (so it never reaches for a CDN)."""
+    """kaleido 0.2.x's plotly scope, fed plotly's own plotly.js (so it never reaches for a CDN); an
+    export whose browser does not answer within :data:`HANG_SECONDS` is tried again in a fresh one
+    (kaleido 0.2's Chromium sometimes never answers)."""
     import plotly
     from kaleido.scopes.plotly import PlotlyScope
 
@@ -80,7 +144,9 @@ def _kaleido_v0():
     scope = PlotlyScope(plotlyjs=str(js) if js.is_file() else None, mathjax=False)
 
     def export(fig: go.Figure, fmt: str, width: int, height: int, scale: float) -> bytes:
-        return scope.transform(json.loads(fig.to_json()), format=fmt, width=width, height=height, scale=scale)
+        data = json.loads(fig.to_json())
+        return _unless_hung(lambda: scope.transform(data, format=fmt, width=width, height=height, scale=scale),
+                            lambda: getattr(scope, "_proc", None), HANG_SECONDS, HANG_TRIES)
 
     return export
 

@@ -494,6 +494,34 @@ def test_save_with_timeout_exports_in_a_child_and_reports_a_hang(tmp_path, monke
     assert not (tmp_path / "hang.png").exists()
 
 
+def test_an_export_in_this_process_whose_browser_hangs_is_killed_and_tried_again():
+    """kaleido 0.2 reads its browser's answer from a pipe that a shell script and the browser below it
+    hold open; a hung answer is ended by killing that whole tree, then the export is tried again."""
+    import subprocess
+    import sys
+
+    held = "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\ntime.sleep(60)"
+    state = {"proc": None, "calls": 0}
+
+    def call():
+        state["calls"] += 1
+        if state["calls"] == 1:  # the first answer never comes: a read blocked on a pipe a grandchild holds
+            state["proc"] = subprocess.Popen([sys.executable, "-c", held], stdout=subprocess.PIPE)
+            if not state["proc"].stdout.readline():
+                raise ValueError("Transform failed")  # what kaleido raises when the pipe closes
+        return b"image"
+
+    t0 = time.monotonic()
+    assert export._unless_hung(call, lambda: state["proc"], 1.0, 2) == b"image" and state["calls"] == 2
+    assert time.monotonic() - t0 < 30  # not the 60 s the processes would have held the pipe
+    assert state["proc"].wait(timeout=10) == -9
+    # every try hangs: one error naming the wait; an error of the call itself is raised at once
+    with pytest.raises(export.ExportError, match="did not answer within 0.2 s, 2 times"):
+        export._unless_hung(lambda: time.sleep(0.5) or (_ for _ in ()).throw(ValueError("x")), lambda: None, 0.2, 2)
+    with pytest.raises(ValueError, match="bad figure"):
+        export._unless_hung(lambda: (_ for _ in ()).throw(ValueError("bad figure")), lambda: None, 5, 3)
+
+
 # --------------------------------------------------------------------------------------
 # notebooks: figures that survive export, no IProgress warning
 # --------------------------------------------------------------------------------------
