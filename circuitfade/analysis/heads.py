@@ -314,7 +314,9 @@ def mean_ablation_importance(
 
     Computation: one clean forward, then per layer forwards on the batch repeated once
     per head of a group of that layer's heads (copy ``k`` has the group's head ``k``
-    mean-ablated). How many heads share a forward: as many as fit both caps, at least
+    mean-ablated); for a layer after the first, the forward resumes from the clean
+    residual stream before that layer where the model can (``start_at_layer``: circuitfade's
+    models and ``HookedTransformer``; the blocks before it are not run again). How many heads share a forward: as many as fit both caps, at least
     one, at most the layer's heads:
 
     * ``max_elements`` (default ``2**21``, 8 MiB of float32): elements of the widest
@@ -390,6 +392,25 @@ def _scores(task: Task, logits: Tensor, batch: Batch, cols: Tensor | None = None
     return acc, loss, correct.cpu().numpy(), ce_b.cpu().numpy()
 
 
+def _resumes_at_layer(model) -> bool:
+    """Whether ``model`` runs a forward from a block's residual stream (``start_at_layer`` with
+    ``tokens``) exactly as a whole forward reaches that block: circuitfade's soft-prior models,
+    and TransformerLens ``HookedTransformer`` s without shortformer positions (which need them
+    passed again) and without left padding (whose attention mask a resumed forward does not
+    rebuild). Other models (a ``TransformerBridge``) run every forward whole."""
+    from circuitfade.model.core import SoftPriorCore
+
+    if isinstance(model, SoftPriorCore):
+        return True
+    try:
+        from transformer_lens import HookedTransformer
+    except ImportError:  # pragma: no cover - a TransformerLens without it
+        return False
+    tokenizer = getattr(model, "tokenizer", None)
+    return (isinstance(model, HookedTransformer) and model.cfg.positional_embedding_type != "shortformer"
+            and (tokenizer is None or getattr(tokenizer, "padding_side", "right") != "left"))
+
+
 def _ablation(model, task: Task, batch: Batch, gates, max_batch,
               max_elements: int | None = _MAX_ELEMENTS) -> tuple[list[dict], dict]:
     """Rows of :func:`mean_ablation_importance` and the per-example arrays its intervals need."""
@@ -410,10 +431,18 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch,
     per_forward = _heads_per_forward(model, B, batch.n_pos, max_batch=max_batch, max_elements=max_elements)
     names = [f"blocks.{l}.attn.hook_z" for l in range(n_layers)]
     means: dict[int, Tensor] = {}
+    resumes = _resumes_at_layer(model)
+    resid: dict[int, Tensor] = {}  # the clean residual stream before each block from 1 on (where resumable)
 
     def save_mean(layer: int):
         def hook(z: Float[Tensor, "batch pos head d_head"], hook) -> None:
             means[layer] = z.mean(dim=0)  # [pos, head, d_head]
+
+        return hook
+
+    def save_resid(layer: int):
+        def hook(x: Float[Tensor, "batch pos d_model"], hook) -> None:
+            resid[layer] = x.detach().clone()
 
         return hook
 
@@ -431,7 +460,10 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch,
     correct_abl = np.full((n_layers, n_heads, B), np.nan)
     ce_abl = np.full((n_layers, n_heads, B), np.nan)
     with _inference(model, gates):
-        logits = model.run_with_hooks(batch.tokens, fwd_hooks=[(n, save_mean(l)) for l, n in enumerate(names)])
+        saves = [(n, save_mean(l)) for l, n in enumerate(names)]
+        if resumes:
+            saves += [(f"blocks.{l}.hook_resid_pre", save_resid(l)) for l in range(1, n_layers)]
+        logits = model.run_with_hooks(batch.tokens, fwd_hooks=saves)
         if len(means) != n_layers:
             raise ValueError("model: a hook_z hook did not fire during the forward pass")
         cols, view = _answer_view(task, batch)
@@ -442,7 +474,12 @@ def _ablation(model, task: Task, batch: Batch, gates, max_batch,
             for start in range(0, n_heads, per_forward):
                 heads = list(range(start, min(start + per_forward, n_heads)))
                 tokens = batch.tokens.repeat(len(heads), 1)  # copy k = rows [k*B, (k+1)*B)
-                logits = model.run_with_hooks(tokens, fwd_hooks=[(names[layer], ablate(layer, heads))])
+                hooks = [(names[layer], ablate(layer, heads))]
+                if layer in resid:  # the blocks before this layer are the clean forward's: resume after them
+                    logits = model.run_with_hooks(resid[layer].repeat(len(heads), 1, 1), start_at_layer=layer,
+                                                  tokens=tokens, fwd_hooks=hooks)
+                else:
+                    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
                 logits = logits.view(len(heads), B, *logits.shape[1:])
                 if cols is not None:
                     logits = logits[:, :, cols]

@@ -560,6 +560,8 @@ class SoftPriorCore:
         *,
         stop_at_layer: int | None = None,
         positions: Int[Tensor, "n_rows"] | None = None,
+        start_at_layer: int | None = None,
+        tokens: Int[Tensor, "batch pos"] | None = None,
         **kwargs,
     ):
         """Run the model on token ids ``[batch, pos]`` (or real inputs ``[batch, pos, d_vocab]``).
@@ -576,6 +578,11 @@ class SoftPriorCore:
         values everywhere; the same maths, tested to 1e-5 on loss and every gradient) and
         the logits at every other position are NaN. With a hook attached (or
         ``use_fused = False``) it is ignored and every position is computed.
+
+        ``start_at_layer`` (as in TransformerLens): ``input`` is the residual stream
+        ``[batch, pos, d_model]`` before that block, and the blocks from there on run (every
+        hook of theirs fires); ``tokens`` are the token ids (or real inputs) it came from,
+        which the priors read through ``hook_embed`` and a loss needs.
         """
         unsupported = {k for k, v in kwargs.items() if v is not None and k not in ("prepend_bos", "padding_side")}
         if unsupported:
@@ -583,6 +590,10 @@ class SoftPriorCore:
         if return_type not in ("logits", "loss", "both", None):
             raise ValueError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
         real = self.cfg.input_mode == "real"
+        if start_at_layer is not None:
+            return self._forward_from(input, tokens, start_at_layer, stop_at_layer, return_type, loss_per_token)
+        if tokens is not None:
+            raise TypeError("tokens= goes with start_at_layer (the token ids the residual came from)")
         tokens = self._check_real(input) if real else self._check_tokens(input)
         n = tokens.shape[1]
         fused = self.use_fused and not self._hooks_attached() and self.cfg.positional_embedding_type != "rotary"
@@ -607,18 +618,46 @@ class SoftPriorCore:
                 resid = block(resid, embed)
             if stop_at_layer is not None:
                 return resid
-            if self.cfg.normalization_type is not None:
-                resid = self.ln_final(resid)
-            logits = self.unembed(resid)
+            logits = self._unembed(resid)
         logits = logits_at_all_positions(logits, rows, n)
+        return self._returned(logits, tokens, return_type, loss_per_token)
+
+    def _unembed(self, resid: Tensor) -> Tensor:
+        """Logits of the final residual stream (hooked path): ``ln_final`` if normalised, then ``unembed``."""
+        if self.cfg.normalization_type is not None:
+            resid = self.ln_final(resid)
+        return self.unembed(resid)
+
+    def _returned(self, logits: Tensor, tokens: Tensor, return_type: str | None, loss_per_token: bool):
+        """What ``forward`` returns for ``return_type``: the logits, the next-token loss, both, or None."""
         if return_type == "logits":
             return logits
         if return_type is None:
             return None
-        if real:
+        if self.cfg.input_mode == "real":
             raise ValueError("return_type 'loss'/'both' (next-token loss) needs token inputs; use a task's loss")
         loss = next_token_loss(logits, tokens, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
+
+    def _forward_from(self, resid: Tensor, tokens, start: int, stop: int | None, return_type: str | None,
+                      loss_per_token: bool):
+        """``forward(resid, start_at_layer=start, tokens=tokens)``: the hooked path from block ``start``."""
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= self.cfg.n_layers:
+            raise ValueError(f"start_at_layer must be an int in [0, {self.cfg.n_layers}], got {start!r}")
+        if tokens is None:
+            raise ValueError("start_at_layer needs tokens= (the token ids the residual came from: the priors read "
+                             "their embeddings)")
+        tokens = self._check_real(tokens) if self.cfg.input_mode == "real" else self._check_tokens(tokens)
+        resid = torch.as_tensor(resid)
+        if resid.shape != (*tokens.shape[:2], self.cfg.d_model) or not resid.is_floating_point():
+            raise ValueError(f"start_at_layer: the input must be the residual stream [batch, pos, d_model] = "
+                             f"{[*tokens.shape[:2], self.cfg.d_model]} of the tokens, got {tuple(resid.shape)} {resid.dtype}")
+        embed = self.hook_embed(self._embed(tokens))
+        for block in self.blocks[start:stop]:
+            resid = block(resid, embed)
+        if stop is not None:
+            return resid
+        return self._returned(self._unembed(resid), tokens, return_type, loss_per_token)
 
     def _fused_logits(self, tokens: Tensor, rows: Tensor | None, stop_at_layer: int | None) -> Tensor:
         """The fused path (:func:`fused_logits` on this model's weights): logits, or the residual

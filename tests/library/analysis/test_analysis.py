@@ -445,3 +445,35 @@ def test_timeline_bad_input():
         consolidation_timeline(trace.drop(columns="value"))
     with pytest.raises(ValueError, match="not in the trace"):
         consolidation_timeline(trace, by=("path",))
+
+
+@pytest.mark.parametrize("kind", ["soft_prior", "hooked_transformer"])
+def test_later_layers_resume_from_the_clean_residual_with_the_same_numbers(monkeypatch, kind):
+    """Ablating a layer after the first resumes from the clean residual stream before it (the blocks
+    before are not run again); the numbers are those of whole forwards."""
+    from circuitfade.analysis import heads
+
+    torch.manual_seed(3)
+    task = AssocRecall(AssocRecallConfig(n_pairs=4, n_keys=6, n_values=6, d_vocab=12, max_len=9))
+    if kind == "soft_prior":
+        model = SoftPriorTransformer(SoftPriorConfig(d_model=16, d_head=4, n_ctx=9, d_vocab=12, n_layers=3))
+    else:
+        model = compat.plain_model(dict(n_layers=3, d_model=24, n_ctx=9, d_head=6, n_heads=3, d_vocab=12, d_mlp=32,
+                                        act_fn="gelu", seed=3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    batch = eval_set(task, 40, seed=6)
+    runs = []
+    model.add_hook("blocks.0.hook_resid_post", lambda x, hook: runs.append(x.shape[0]))
+    gates = "zero" if kind == "soft_prior" else None
+    resumed = mean_ablation_importance(model, batch, task, gates=gates)
+    n_heads = model.cfg.n_heads
+    assert runs == [40, 40 * n_heads]  # block 0: the clean forward and layer 0's ablations only
+    runs.clear()
+    monkeypatch.setattr(heads, "_resumes_at_layer", lambda model: False)
+    whole = mean_ablation_importance(model, batch, task, gates=gates)
+    assert runs == [40] + [40 * n_heads] * 3
+    model.reset_hooks()
+    assert (resumed["acc_drop"] != 0).any()  # not vacuous
+    pd.testing.assert_frame_equal(resumed, whole, rtol=1e-5, atol=1e-6)
