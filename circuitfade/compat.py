@@ -69,6 +69,7 @@ __all__ = [
     "TL39_ONLY_DEFAULTS",
     "is_config",
     "plain_model",
+    "resumes_at_layer",
     "native_state_dict",
     "model_from_hf",
     "load_hub_model",
@@ -373,6 +374,21 @@ def is_tl_model(obj) -> bool:
     from transformer_lens.model_bridge import TransformerBridge
 
     return isinstance(obj, TransformerBridge)
+
+
+def resumes_at_layer(model) -> bool:
+    """Whether ``model`` is a ``HookedTransformer`` (3.x) whose forward from a block's residual
+    stream (``start_at_layer`` with ``tokens``) is exactly how a whole forward goes on from that
+    block: no shortformer positions (they would have to be passed again) and no left padding
+    (whose attention mask a resumed forward does not rebuild). ``False`` on 4.x (a
+    ``TransformerBridge``) and for anything else."""
+    if is_tl4():
+        return False
+    from transformer_lens import HookedTransformer
+
+    tokenizer = getattr(model, "tokenizer", None)
+    return (isinstance(model, HookedTransformer) and model.cfg.positional_embedding_type != "shortformer"
+            and (tokenizer is None or getattr(tokenizer, "padding_side", "right") != "left"))
 
 
 # --------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitfade.analysis.gates import batch_first
-from circuitfade.compat import deprecated_names
+from circuitfade.compat import deprecated_names, resumes_at_layer
 from circuitfade.gating.evaluation import NoGatesError, gate_condition, has_gates
 from circuitfade.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, bootstrap_ratio, bootstrap_weights, percentile_interval
 from circuitfade.store.tracing import head_label, per_head_frame
@@ -395,20 +395,11 @@ def _scores(task: Task, logits: Tensor, batch: Batch, cols: Tensor | None = None
 def _resumes_at_layer(model) -> bool:
     """Whether ``model`` runs a forward from a block's residual stream (``start_at_layer`` with
     ``tokens``) exactly as a whole forward reaches that block: circuitfade's soft-prior models,
-    and TransformerLens ``HookedTransformer`` s without shortformer positions (which need them
-    passed again) and without left padding (whose attention mask a resumed forward does not
-    rebuild). Other models (a ``TransformerBridge``) run every forward whole."""
+    and the ``HookedTransformer`` s :func:`circuitfade.compat.resumes_at_layer` accepts. Other
+    models (a ``TransformerBridge``) run every forward whole."""
     from circuitfade.model.core import SoftPriorCore
 
-    if isinstance(model, SoftPriorCore):
-        return True
-    try:
-        from transformer_lens import HookedTransformer
-    except ImportError:  # pragma: no cover - a TransformerLens without it
-        return False
-    tokenizer = getattr(model, "tokenizer", None)
-    return (isinstance(model, HookedTransformer) and model.cfg.positional_embedding_type != "shortformer"
-            and (tokenizer is None or getattr(tokenizer, "padding_side", "right") != "left"))
+    return isinstance(model, SoftPriorCore) or resumes_at_layer(model)
 
 
 def _ablation(model, task: Task, batch: Batch, gates, max_batch,
