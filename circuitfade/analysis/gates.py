@@ -101,6 +101,23 @@ def batch_first(fn):
     return wrapper
 
 
+def tokens_renamed(fn):
+    """``fn(model, batch, ...)`` whose data argument was called ``tokens`` in the previous release:
+    ``fn(model, tokens=...)`` still works for one release, with a ``DeprecationWarning``."""
+
+    @functools.wraps(fn)
+    def wrapper(model, *args, **kwargs):
+        if "tokens" in kwargs:
+            if args or "batch" in kwargs:
+                raise TypeError(f"{fn.__name__}: give the data once, as batch")
+            kwargs["batch"] = kwargs.pop("tokens")
+            warnings.warn(f"{fn.__name__}(model, tokens=...): the argument is now batch (a Batch or token ids); "
+                          "tokens= will be refused in the next release", DeprecationWarning, stacklevel=2)
+        return fn(model, *args, **kwargs)
+
+    return wrapper
+
+
 def _data(batch, task, n, seed) -> tuple[Task, Batch]:
     """``(task, batch)`` of an analysis's ``batch`` and ``task`` arguments (see :func:`evaluate`)."""
     if batch is None:

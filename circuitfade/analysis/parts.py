@@ -61,6 +61,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from circuitfade.analysis.gates import tokens_renamed
 from circuitfade.analysis.heads import check_model, head_label
 from circuitfade.store import trace
 from circuitfade.tasks import Batch, Task, eval_set
@@ -400,18 +401,20 @@ def credit_verdict(cells, *, split: float = CREDIT_SPLIT, level: float = 0.95) -
 
 
 # ----------------------------------------------------------------------------- parts of an unpinned circuit
+@tokens_renamed
 @torch.no_grad()
-def routing_parts(model, tokens: Tensor, sources: Sequence[int], query_pos: int, *, layer: int = 0) -> dict:
+def routing_parts(model, batch: Batch | Tensor, sources: Sequence[int], query_pos: int, *, layer: int = 0) -> dict:
     """The heads that route each source position to the answer position: one distinct head per source.
 
     ``A[h, i]``: head ``h``'s attention from ``query_pos`` to ``sources[i]`` (``blocks.{layer}.attn.hook_pattern``,
-    mean over the batch ``tokens``). Part ``i`` is head ``h_i``, the assignment of distinct heads that
+    mean over ``batch``: a :class:`Batch` or token ids). Part ``i`` is head ``h_i``, the assignment of distinct heads that
     maximises ``sum_i A[h_i, i]`` (exhaustive over ordered head choices; ties: the first in
     lexicographic order). Returns ``{"parts": [(layer, h_i)], "attention": A (heads x sources, list),
     "own": [A[h_i, i]], "shared": [sum_{h != h_i} A[h, i]]}`` (``shared``: how much of input ``i``
     other heads carry too).
     """
     n_layers, n_heads = check_model(model, "hook_pattern")
+    tokens = batch.tokens if isinstance(batch, Batch) else batch
     sources = [int(s) for s in sources]
     if not 0 <= layer < n_layers or not sources or len(sources) > n_heads:
         raise ValueError(f"routing_parts: need 1..{n_heads} sources and a layer in [0, {n_layers}), "

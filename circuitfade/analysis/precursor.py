@@ -45,6 +45,8 @@ import torch
 from torch import Tensor
 
 from circuitfade import stats
+from circuitfade.analysis.gates import tokens_renamed
+from circuitfade.tasks import Batch
 
 __all__ = ["source_attention", "label_alignment", "activation_alignment", "combine_parts", "crossing_step",
            "fit_crossing", "predict_crossing", "relative_errors", "median_interval", "SUMMARIES"]
@@ -57,8 +59,9 @@ def _check_model(model) -> None:
         raise ValueError(f"model: expected a TransformerLens HookedTransformer, got {type(model).__name__}")
 
 
-def _tokens(model, tokens) -> Tensor:
-    t = torch.as_tensor(tokens)
+def _tokens(model, batch) -> Tensor:
+    """The token ids of ``batch`` (a :class:`~circuitfade.tasks.Batch` or ids ``[batch, pos]``), checked."""
+    t = torch.as_tensor(batch.tokens if isinstance(batch, Batch) else batch)
     if t.ndim != 2 or t.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"tokens: expected an integer tensor [batch, pos], got {tuple(t.shape)} {t.dtype}")
     if t.shape[1] > model.cfg.n_ctx:
@@ -72,13 +75,15 @@ def _position(pos: int, n: int, name: str) -> int:
     return int(pos) % n
 
 
-def source_attention(model, tokens, parts: Mapping[tuple[int, int], int], query_pos: int) -> np.ndarray:
-    """Mean attention probability of each part head at ``query_pos`` on its source position.
+@tokens_renamed
+def source_attention(model, batch, parts: Mapping[tuple[int, int], int], query_pos: int) -> np.ndarray:
+    """Mean attention probability of each part head at ``query_pos`` on its source position, over
+    ``batch`` (a :class:`~circuitfade.tasks.Batch` or token ids ``[batch, pos]``).
 
     ``parts``: ``{(layer, head): source_position}``. Returns a float array in the order of
     ``parts`` (reads ``blocks.{l}.attn.hook_pattern``; the model's gates and priors as set)."""
     _check_model(model)
-    t = _tokens(model, tokens)
+    t = _tokens(model, batch)
     n = t.shape[1]
     q = _position(query_pos, n, "query_pos")
     if not parts:
@@ -124,11 +129,12 @@ def label_alignment(acts, labels) -> float:
     return between / total
 
 
-def activation_alignment(model, tokens, labels, hook: str, pos: int) -> float:
+@tokens_renamed
+def activation_alignment(model, batch, labels, hook: str, pos: int) -> float:
     """:func:`label_alignment` of ``hook``'s activations at position ``pos`` (a forward pass of
-    ``tokens``), e.g. ``hook="blocks.0.mlp.hook_post"`` at the query labelled by the target."""
+    ``batch``: a :class:`~circuitfade.tasks.Batch` or token ids), e.g. ``hook="blocks.0.mlp.hook_post"`` at the query labelled by the target."""
     _check_model(model)
-    t = _tokens(model, tokens)
+    t = _tokens(model, batch)
     p = _position(pos, t.shape[1], "pos")
     with torch.no_grad():
         _, cache = model.run_with_cache(t, names_filter=lambda nm: nm == hook)

@@ -207,3 +207,22 @@ def test_precursor_job_logs_every_evaluation_and_reports_censoring(tmp_path):
     assert set(P.MEASURES) <= set(c) and all(len(c[m]) == 5 for m in P.MEASURES)
     assert all(a == pytest.approx(1.0, abs=1e-9) for a in c["source_attention_min"])  # pinned read-out
     assert all(0 <= v <= 1 for v in c["hidden_target"])
+
+
+def test_the_data_argument_is_batch_and_tokens_still_works_for_one_release_with_a_warning():
+    from circuitfade.analysis.parts import routing_parts
+    from circuitfade.tasks import eval_set, make_task
+
+    task = make_task("kpart", k=2, v=3, n_distractors=1)
+    model, parts = hand_built_model(task)
+    b = eval_set(task, 32)
+    heads = {h: task.positions[h[1]] for h in parts}
+    now = source_attention(model, b, heads, task.query_pos)
+    assert np.array_equal(now, source_attention(model, b.tokens, heads, task.query_pos))  # a Batch or its ids
+    with pytest.warns(DeprecationWarning, match=r"source_attention\(model, tokens=...\): the argument is now batch"):
+        assert np.array_equal(source_attention(model, tokens=b.tokens, parts=heads, query_pos=task.query_pos), now)
+    with pytest.warns(DeprecationWarning, match="routing_parts"):
+        old = routing_parts(model, tokens=b.tokens, sources=task.positions, query_pos=task.query_pos)
+    assert old == routing_parts(model, b, task.positions, task.query_pos)
+    with pytest.raises(TypeError, match="give the data once, as batch"):
+        activation_alignment(model, b, tokens=b.tokens, labels=b.targets[:, 0], hook="hook_embed", pos=0)
