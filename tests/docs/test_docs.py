@@ -114,6 +114,34 @@ def test_the_row_checker_sees_a_copied_row():
     assert _rows("text\n| fade | 0.783 | partly |\n") & _rows(results)
 
 
+def _unnamed_machines(folder: Path) -> list[str]:
+    """The benchmark pages under ``folder`` whose last line does not name the machine they ran on."""
+    bad = []
+    for f in sorted(folder.glob("*.md")):
+        last = f.read_text().rstrip().splitlines()[-1]
+        if not last.startswith("Machine: ") or "not recorded" in last:
+            bad.append(f.name)
+    return bad
+
+
+def test_every_benchmark_page_names_the_machine_it_ran_on():
+    """A figure the docs include says where it was measured (benchmarks/results_files.py writes the line)."""
+    assert _unnamed_machines(REPO / "results" / "benchmarks") == []
+
+
+def test_the_machine_checker_sees_an_unnamed_machine(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from results_files import machine_line
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    (tmp_path / "named.md").write_text("| a |\n\n" + machine_line({"machine": {
+        "cpu": "X", "cores": 2, "torch": "2", "blas": "mkl", "cpu_capability": "AVX2"}}) + "\n")
+    (tmp_path / "old.md").write_text("| a |\n\n" + machine_line({}) + "\n")
+    (tmp_path / "none.md").write_text("| a |\n")
+    assert _unnamed_machines(tmp_path) == ["none.md", "old.md"]
+
+
 def _site_tools() -> bool:
     return all(importlib.util.find_spec(m) for m in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"))
 
