@@ -421,7 +421,7 @@ def fit_ensemble(runs: Sequence[Run], until: int | None = None, *, run_dirs: Seq
                     continue
             if logger is not None:
                 logger(i, run.step, dict(row))
-            if hooks and hooks.on_record(ens.sync(slot, optimizer=False), dict(row)):
+            if hooks and hooks.on_record(run, dict(row)):  # its weights were synced above
                 stopping.add(slot)
         return unwritten
 
