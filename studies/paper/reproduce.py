@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,6 +22,7 @@ from circuitfade import stats
 from circuitfade.claims import Claim, Declaration, Outcome, Verdict, seeds_cell
 from circuitfade.claims import grade as claim_grade
 from circuitfade.io import check_outputs, write_csv, write_text
+from circuitfade.model.devices import check_device_name, resolve_device
 from circuitfade.tasks import make_task
 from circuitfade.train import RunConfig
 from circuitfade.train.sweep import EXECUTOR_HELP, EXECUTORS, run_dir_for, run_sweep
@@ -422,8 +423,15 @@ def _header(names, seeds, out, quick, train, runs_dir, seeds_for, S_of, large_se
 def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results/paper", executor: str = "local",
               workers: int | None = None, address: str | None = None, quick: bool = False,
               large_seeds: int = 1, progress: bool = True, seeds_for: dict | None = None,
-              train: bool = True, runs_dir: str | Path | None = None) -> dict:
+              train: bool = True, runs_dir: str | Path | None = None, device: str = "cpu",
+              ensemble_size: int | None = None) -> dict:
     """Run (or, with ``train=False``, only tabulate) the named experiments.
+
+    ``device``: where the runs train (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"``). It
+    is not part of a run's identity, so runs finished on another device are reused.
+    ``ensemble_size``: most members per ensemble with ``executor="ensemble"`` (default: the size
+    measured on this machine on a CPU, :func:`~circuitfade.train.ensemble.default_ensemble_size`
+    elsewhere; on a GPU, larger ensembles keep it busy).
 
     Tables-only (``train=False``) reads finished runs from ``runs_dir`` (default
     ``OUT/runs``) and, for runs whose folders are gone, the final metrics recorded in
@@ -441,10 +449,13 @@ def reproduce(names=None, *, seeds: int = 3, out: str | Path = "results/paper", 
     root = Path(runs_dir) if runs_dir is not None else out / "runs"
     cfgs = [c for n in names for c in (EXPERIMENTS[n].configs(S_of[n], root, b, large_seeds) if n in LARGE_ROWS
                                         else EXPERIMENTS[n].configs(S_of[n], root, b))]
+    if device != "cpu":
+        cfgs = [replace(c, train=replace(c.train, device=device)) for c in cfgs]
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     if train:
-        results = run_sweep(cfgs, root, executor=executor, workers=workers, address=address, progress=progress)
+        results = run_sweep(cfgs, root, executor=executor, workers=workers, address=address, progress=progress,
+                            ensemble_size=ensemble_size)
     else:
         recorded = pd.read_csv(out / "results_runs.csv") if (out / "results_runs.csv").is_file() else None
         results = collect(cfgs, out / "runs", recorded, runs_dir=root)
@@ -524,6 +535,12 @@ def main(argv=None) -> int:
     ap.add_argument("--address", help="Ray cluster address (with --executor ray)")
     ap.add_argument("--workers", type=int, help="parallel training processes (or ensembles), one torch thread "
                     "each (default: one per core, os.cpu_count())")
+    ap.add_argument("--device", default="cpu",
+                    help="where the runs train: cpu (default), cuda, cuda:N, mps or auto (not part of a run's "
+                         "identity: finished runs are reused whichever device trained them)")
+    ap.add_argument("--ensemble-size", type=int, metavar="E",
+                    help="most runs per ensemble with --executor ensemble (default: measured on this machine on a "
+                         "CPU; on a GPU give a large E, e.g. 256, so one ensemble keeps it busy)")
     ap.add_argument("--quick", action="store_true", help="360-step runs: minutes, for trying it out / CI")
     ap.add_argument("--seeds-for", action="append", default=[], metavar="EXP=N", help="per-experiment seed count")
     ap.add_argument("--tables-only", action="store_true",
@@ -540,14 +557,18 @@ def main(argv=None) -> int:
     names = ns.experiments or list(EXPERIMENTS)
     if ns.runs is not None and not Path(ns.runs).is_dir():
         raise ValueError(f"--runs {ns.runs}: no such folder of run directories")
-    if ns.seeds < 1 or ns.large_seeds < 0 or (ns.workers is not None and ns.workers < 1):
-        raise ValueError(f"--seeds must be >= 1, --large-seeds >= 0 and --workers >= 1; got --seeds {ns.seeds}, "
-                         f"--large-seeds {ns.large_seeds}, --workers {ns.workers}")
+    if ns.seeds < 1 or ns.large_seeds < 0 or (ns.workers is not None and ns.workers < 1) \
+            or (ns.ensemble_size is not None and ns.ensemble_size < 1):
+        raise ValueError(f"--seeds must be >= 1, --large-seeds >= 0, --workers and --ensemble-size >= 1; got --seeds "
+                         f"{ns.seeds}, --large-seeds {ns.large_seeds}, --workers {ns.workers}, --ensemble-size "
+                         f"{ns.ensemble_size}")
+    if not ns.tables_only:
+        resolve_device(check_device_name(ns.device))  # one line if the device is unknown or absent, before any work
     check_outputs([out / "results.md", out / "report.html", out / "results_runs.csv", out / "verdicts.csv",
                    *(out / f"table_{n}.csv" for n in names)], force=ns.force)  # before any training
     res = reproduce(ns.experiments, seeds=ns.seeds, out=ns.out, executor=ns.executor, workers=ns.workers,
                     address=ns.address, quick=ns.quick, large_seeds=ns.large_seeds, seeds_for=seeds_for,
-                    train=not ns.tables_only, runs_dir=ns.runs)
+                    train=not ns.tables_only, runs_dir=ns.runs, device=ns.device, ensemble_size=ns.ensemble_size)
     print(res["markdown"])
     if not ns.quick and set(names) == set(EXPERIMENTS):  # the page's figure, from the same runs as the full report
         from studies.paper.figures import write_paths_figure

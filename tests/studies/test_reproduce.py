@@ -202,3 +202,42 @@ def test_interventions_read_back_per_seed_rows(tmp_path):
     t = df.set_index("condition")
     assert list(t.index) == ["normal", "position gate zeroed", "content gate zeroed", "both gates zeroed"]
     assert t.loc["position gate zeroed", "seeds"] == "0" and t.loc["both gates zeroed", "seeds"] == "0, 1"
+
+
+def test_device_and_ensemble_size_reach_every_run_and_an_absent_device_starts_no_work(tmp_path, monkeypatch, capsys):
+    """``--device`` sets each run's TrainConfig.device (not its identity: the run folders are the
+    CPU runs'), ``--ensemble-size`` reaches the sweep; a device this machine lacks is refused in one
+    line before any work."""
+    import torch
+
+    from studies.paper import reproduce as R
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def sweep(cfgs, root, **kw):
+        seen.update(cfgs=cfgs, root=root, **kw)
+        raise Stop
+
+    monkeypatch.setattr(R, "run_sweep", sweep)
+    with pytest.raises(Stop):
+        R.reproduce(["controls"], seeds=1, out=tmp_path, executor="ensemble", quick=True, large_seeds=0,
+                    progress=False, device="auto", ensemble_size=256)
+    assert seen["ensemble_size"] == 256 and seen["executor"] == "ensemble"
+    assert {c.train.device for c in seen["cfgs"]} == {"auto"}
+    cpu = P.controls_configs([0], tmp_path / "runs", P.QUICK)
+    assert [run_key(c) for c in seen["cfgs"]] == [run_key(c) for c in cpu]  # the same runs, found again
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: no absent device to refuse")
+    monkeypatch.chdir(tmp_path)
+    rc = run_study("paper", ["reproduce", "controls", "--seeds", "1", "--quick", "--device", "cuda", "--out",
+                             str(tmp_path / "gpu")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cuda" in err and len([line for line in err.splitlines() if line.strip()]) <= 2
+    assert not (tmp_path / "gpu").exists()
+    for bad in (["--device", "tpu"], ["--ensemble-size", "0"]):
+        assert run_study("paper", ["reproduce", "controls", "--quick", "--out", str(tmp_path / "gpu"), *bad]) == 2
+    capsys.readouterr()
