@@ -100,6 +100,15 @@ def attention_scale(cfg, layer: int) -> float:
     return float(scale)
 
 
+def fused_path_refusal(cfg) -> str | None:
+    """Why a model of ``cfg`` has no fused path (one line; it then runs the hooked path), or ``None``."""
+    if cfg.positional_embedding_type == "rotary":
+        return "rotary positions have no fused path"
+    if getattr(cfg, "attn_scores_soft_cap", -1.0) > 0:
+        return "attn_scores_soft_cap caps the query-key scores alone, which the fused path adds to the priors'"
+    return None
+
+
 def _softcap(x: Tensor, cap) -> Tensor:
     """``cap · tanh(x / cap)`` for ``cap > 0``, else ``x``."""
     if cap is None or not cap > 0:
@@ -278,11 +287,13 @@ def fused_logits(
     ln_final: Callable[[Tensor], Tensor] | None = None,
     rows: Int[Tensor, "n_rows"] | None = None,
     stop_at_layer: int | None = None,
+    logit_cap: float | None = None,
 ) -> Float[Tensor, "*members batch pos_or_rows d_vocab_out"]:
     """The model's fused forward from token embeddings: ``+ W_pos`` (learned positions), each
     block ``blocks[i](resid, rows_or_None)`` (``rows`` in the last block only), ``ln_final``,
-    unembedding (``F.linear``; with a member axis one ``baddbmm``). With ``stop_at_layer``: the
-    residual stream before that block."""
+    unembedding (``F.linear``; with a member axis one ``baddbmm``), then ``logit_cap · tanh(logits /
+    logit_cap)`` where ``logit_cap > 0`` (``output_logits_soft_cap``, as TransformerLens applies it).
+    With ``stop_at_layer``: the residual stream before that block."""
     n = embed.shape[-2]
     resid = embed
     if W_pos is not None:
@@ -296,7 +307,7 @@ def fused_logits(
         return resid
     if ln_final is not None:
         resid = ln_final(resid)
-    return member_linear(resid, W_U, b_U)
+    return _softcap(member_linear(resid, W_U, b_U), logit_cap)
 
 
 # --------------------------------------------------------------------------------------
@@ -600,7 +611,7 @@ class SoftPriorCore:
             raise TypeError("tokens= goes with start_at_layer (the token ids the residual came from)")
         tokens = self._check_real(input) if real else self._check_tokens(input)
         n = tokens.shape[1]
-        fused = self.use_fused and not self._hooks_attached() and self.cfg.positional_embedding_type != "rotary"
+        fused = self.use_fused and not self._hooks_attached() and fused_path_refusal(self.cfg) is None
         rows = None
         if positions is not None:
             if return_type != "logits":
@@ -630,7 +641,7 @@ class SoftPriorCore:
         """Logits of the final residual stream (hooked path): ``ln_final`` if normalised, then ``unembed``."""
         if self.cfg.normalization_type is not None:
             resid = self.ln_final(resid)
-        return self.unembed(resid)
+        return _softcap(self.unembed(resid), self.cfg.output_logits_soft_cap)
 
     def _returned(self, logits: Tensor, tokens: Tensor, return_type: str | None, loss_per_token: bool):
         """What ``forward`` returns for ``return_type``: the logits, the next-token loss, both, or None."""
@@ -675,7 +686,7 @@ class SoftPriorCore:
         return fused_logits(embed, blocks, self.unembed.W_U, self.unembed.b_U,
                             W_pos=self.pos_embed.W_pos if learned_pos else None,
                             ln_final=(lambda h: layer_norm_unhooked(self.ln_final, h)) if norm else None,
-                            rows=rows, stop_at_layer=stop_at_layer)
+                            rows=rows, stop_at_layer=stop_at_layer, logit_cap=self.cfg.output_logits_soft_cap)
 
     def _causal(self, n: int, device) -> Tensor:
         """:func:`causal_mask` ``[n, n]``, cached."""

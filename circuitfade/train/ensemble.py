@@ -53,7 +53,7 @@ from torch import Tensor
 
 from circuitfade.gating.evaluation import EVAL_CHUNK, condition_groups, conditions_row, gate_condition
 from circuitfade.model import SoftPriorTransformer
-from circuitfade.model.core import logits_at_all_positions
+from circuitfade.model.core import fused_path_refusal, logits_at_all_positions
 from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
 from circuitfade.train.callbacks import NON_FINITE_WEIGHTS, Callback, Callbacks, divergence, is_eval_step, step_loop
@@ -99,8 +99,9 @@ def ensemble_refusal(cfg: RunConfig) -> str | None:
     if cfg.train.compile:
         return "TrainConfig.compile: the ensemble trainer runs eagerly, so a compiled run trains as a single run"
     mc = cfg.model_config()
-    if mc.positional_embedding_type == "rotary":
-        return "rotary positions have no fused path: trained as a single run"
+    why = fused_path_refusal(mc)
+    if why is not None:
+        return f"{why}: trained as a single run"
     if getattr(mc, "post_embedding_ln", False):
         return "post_embedding_ln has no fused path: trained as a single run"
     return None

@@ -213,7 +213,7 @@ class StackedModel:
                            self.params["unembed.W_U"], self.params["unembed.b_U"],
                            W_pos=self.params["pos_embed.W_pos"] if learned_pos else None,
                            ln_final=(lambda h: self._per_member(self.template.ln_final, "ln_final.", h)) if norm else None,
-                           rows=rows)
+                           rows=rows, logit_cap=cfg.output_logits_soft_cap)
         self._views = {}
         return out
 

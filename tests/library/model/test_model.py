@@ -256,3 +256,27 @@ def test_standard_positional_backbone_and_mlp(tokens):
 def test_config_refuses_dtypes_and_mlp_widths_the_forward_cannot_use(kw, words):
     with pytest.raises(ValueError, match=words):
         SoftPriorConfig(**kw)
+
+
+@pytest.mark.parametrize("cap", [{"attn_scores_soft_cap": 0.5}, {"output_logits_soft_cap": 0.5}])
+def test_soft_caps_apply_on_every_path_as_transformer_lens_applies_them(cap, tokens):
+    """A soft cap changes the logits on the fused path, the hooked path and the answer path alike,
+    and at zero gates the model equals the plain TransformerLens model with the same cap."""
+    torch.manual_seed(0)
+    model = SoftPriorTransformer(SoftPriorConfig.base(**cap))
+    uncapped = SoftPriorTransformer(SoftPriorConfig.base())
+    uncapped.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        fused = model(tokens)
+        hooked, _ = model.run_with_cache(tokens)
+        answer = model(tokens, positions=[-1])
+        with model.gates(pos=0.0, content=0.0):
+            zero = model(tokens)
+        ref = plain(model)(tokens)
+        free = uncapped(tokens)
+    torch.testing.assert_close(fused, hooked, atol=1e-5, rtol=0)
+    torch.testing.assert_close(answer[:, -1], fused[:, -1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(zero, ref, atol=1e-5, rtol=0)
+    assert (fused - free).abs().max() > 1e-3  # the cap did change something
+    if "output_logits_soft_cap" in cap:
+        assert fused.abs().max() < 0.5 and hooked.abs().max() < 0.5

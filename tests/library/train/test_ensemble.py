@@ -104,6 +104,7 @@ VARIANTS = {
     "full path (a last-layer prior that needs the scores)": dict(model={**TINY, "priors": ["pos", "cope"]}),
     "prior dropout and dual loss, MLP blocks": dict(model={**TINY, "attn_only": False, "d_mlp": 32},
                                                     prior_dropout=0.5, dual_loss=True),
+    "soft-capped logits": dict(model={**TINY, "output_logits_soft_cap": 0.5}),
 }
 
 
@@ -470,7 +471,9 @@ def test_what_members_share_and_what_cannot_be_a_member():
     branch = RunConfig(path="posthoc5", parent={"run": "/nowhere", "step": 3600}, train=TrainConfig(steps=3605))
     rotary = RunConfig(model={"positional_embedding_type": "rotary"})
     compiled = RunConfig(train=TrainConfig(compile=True))
+    capped = RunConfig(model={"attn_scores_soft_cap": 5.0})
     assert "branch" in ensemble_refusal(branch) and "rotary" in ensemble_refusal(rotary)
+    assert "attn_scores_soft_cap" in ensemble_refusal(capped)
     assert "compile" in ensemble_refusal(compiled)
     assert ensemble_refusal(base) is None
     with pytest.raises(ValueError, match="cannot join an ensemble"):
