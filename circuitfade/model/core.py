@@ -189,6 +189,23 @@ def _head_gate(g: Float[Tensor, "*members head"]) -> Tensor:
     return g if g.dim() == 3 else g.unsqueeze(1)
 
 
+def _prior_terms(attn: nn.Module, inputs: PriorInputs, gates: Mapping[str, Tensor], prior_term: PriorTerm,
+                 dtype: torch.dtype, rows: Tensor | None) -> tuple[list[tuple[Tensor, Tensor]], Tensor | None]:
+    """Each prior's gated term on ``inputs``: low-rank priors as factor pairs ``(g·a, b)``
+    (``B = a b^T``), the others summed into one bias ``Σ g·B`` (``None`` if there is none)."""
+    factors, bias = [], None
+    for name, prior in attn.priors.items():
+        g = _head_gate(gates[name].to(dtype))
+        term = prior_term(name, prior, inputs)
+        if isinstance(term, tuple):
+            factors.append((term[0] * g, term[1]))
+            continue
+        if rows is not None and term.shape[-2] != rows.numel():
+            term = term[..., rows, :]  # a prior that ignores query_index: keep the rows asked for
+        bias = g * term if bias is None else bias + g * term
+    return factors, bias
+
+
 def prior_attention(
     attn: nn.Module,
     x: Float[Tensor, "*members batch pos d_model"],
@@ -214,49 +231,84 @@ def prior_attention(
     (token inputs), handed to the priors (:class:`~circuitfade.model.priors.PriorInputs`).
 
     With ``rows`` (query positions), queries, attention and the output are computed only at
-    those positions (keys and values still at every position). Not for priors that need the
-    scores with ``rows``.
+    those positions, by :func:`rows_attention` (no key or value is computed). Not for priors that
+    need the scores.
     """
+    if rows is not None:
+        return rows_attention(attn, x, token_embed, causal, weights, gates, rows, prior_term, vocab)
     H, Dh = attn.cfg.n_heads, attn.cfg.d_head
     scale = attn.attn_scale
     W = weights
-    if rows is None:
-        w = torch.stack([W["W_Q"], W["W_K"], W["W_V"]], -4).movedim(-2, -4).flatten(-3)  # [*E, d_model, 3*head*d_head]
-        b = torch.stack([W["b_Q"], W["b_K"], W["b_V"]], -3).flatten(-3)
-        # q, k, v [*E, batch, head, pos, d_head] each (unbind on the q/k/v axis: the backward stacks
-        # the three gradients straight into the product's layout)
-        q, k, v = (t.transpose(-3, -2) for t in member_linear(x, w, b).unflatten(-1, (3, H, Dh)).unbind(-3))
-    else:
-        w = torch.stack([W["W_K"], W["W_V"]], -4).movedim(-2, -4).flatten(-3)
-        b = torch.stack([W["b_K"], W["b_V"]], -3).flatten(-3)
-        k, v = (t.transpose(-3, -2) for t in member_linear(x, w, b).unflatten(-1, (2, H, Dh)).unbind(-3))
-        q = member_linear(x[..., rows, :], W["W_Q"].movedim(-3, -2).flatten(-2), W["b_Q"].flatten(-2))
-        q = q.unflatten(-1, (H, Dh)).transpose(-3, -2)  # [*E, batch, head, rows, d_head]
-        causal = causal[rows]
-    M = q.shape[-2]
+    w = torch.stack([W["W_Q"], W["W_K"], W["W_V"]], -4).movedim(-2, -4).flatten(-3)  # [*E, d_model, 3*head*d_head]
+    b = torch.stack([W["b_Q"], W["b_K"], W["b_V"]], -3).flatten(-3)
+    # q, k, v [*E, batch, head, pos, d_head] each (unbind on the q/k/v axis: the backward stacks
+    # the three gradients straight into the product's layout)
+    q, k, v = (t.transpose(-3, -2) for t in member_linear(x, w, b).unflatten(-1, (3, H, Dh)).unbind(-3))
     needs = any(p.needs_scores for p in attn.priors.values())
     scores = (q @ k.transpose(-1, -2)) / scale if needs else None
     tokens, W_E = vocab if vocab is not None else (None, None)
-    inputs = PriorInputs(token_embed, x, scores, query_index=rows, tokens=tokens, W_E=W_E)
-    qs, ks, bias = [q / scale], [k], None
-    for name, prior in attn.priors.items():
-        g = _head_gate(gates[name].to(q.dtype))
-        term = prior_term(name, prior, inputs)
-        if isinstance(term, tuple):  # low-rank factors: extra query-key columns
-            qs.append(term[0] * g)
-            ks.append(term[1])
-            continue
-        if rows is not None and term.shape[-2] != M:
-            term = term[..., rows, :]  # a prior that ignores query_index: keep the rows asked for
-        bias = g * term if bias is None else bias + g * term
+    inputs = PriorInputs(token_embed, x, scores, tokens=tokens, W_E=W_E)
+    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, None)
     mask = causal if bias is None else bias + causal  # [*E, batch_or_1, head, q, k]
-    if len(qs) > 1:
-        q, k = torch.cat(qs, -1), torch.cat(ks, -1)
-    else:
-        q = qs[0]
+    q = q / scale
+    if factors:  # low-rank priors: extra query-key columns
+        q, k = torch.cat([q] + [a for a, _ in factors], -1), torch.cat([k] + [b for _, b in factors], -1)
     # no row is fully masked (the diagonal is always visible), so a plain softmax is exact
     pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
-    z = (pattern @ v).transpose(-3, -2).flatten(-2)  # [*E, batch, pos_or_rows, head*d_head]
+    z = (pattern @ v).transpose(-3, -2).flatten(-2)  # [*E, batch, pos, head*d_head]
+    return member_linear(z, W["W_O"].flatten(-3, -2), W["b_O"])
+
+
+def _per_head(t: Float[Tensor, "*members batch rows head d"]) -> Float[Tensor, "*members head batch_rows d"]:
+    """``[*E, batch, rows, head, d]`` as ``[*E, head, batch * rows, d]`` (one matrix per head)."""
+    return t.movedim(-2, -4).flatten(-3, -2)
+
+
+def rows_attention(
+    attn: nn.Module,
+    x: Float[Tensor, "*members batch pos d_model"],
+    token_embed: Float[Tensor, "*members batch pos d_model"],
+    causal: Float[Tensor, "pos pos"],
+    weights: Mapping[str, Tensor],
+    gates: Mapping[str, Tensor],
+    rows: Int[Tensor, "n_rows"],
+    prior_term: PriorTerm = module_prior_term,
+    vocab: tuple[Tensor, Tensor] | None = None,
+) -> Float[Tensor, "*members batch rows d_model"]:
+    """:func:`prior_attention` at the query positions ``rows`` only (the arguments are its), with
+    the key and value products moved onto the few queries (the same function, associated
+    differently, so it rounds differently)::
+
+        q_i·k_j = (W_K q_i)·x_j + q_i·b_K          Σ_j p_ij v_j = (Σ_j p_ij x_j) W_V + b_V
+
+    (``Σ_j p_ij = 1``). Keys and values at every position (two products over batch × positions)
+    become products over batch × rows; low-rank priors are their own small product. Not for
+    priors that need the scores.
+    """
+    if any(p.needs_scores for p in attn.priors.values()):
+        raise ValueError("rows_attention: a prior that needs the attention scores needs every key; use rows=None")
+    H, Dh = attn.cfg.n_heads, attn.cfg.d_head
+    W = weights
+    members = W["W_Q"].shape[:-3]
+    B, M = x.shape[-3], rows.numel()
+    q = member_linear(x[..., rows, :], W["W_Q"].movedim(-3, -2).flatten(-2), W["b_Q"].flatten(-2))
+    q = q.unflatten(-1, (H, Dh)) / attn.attn_scale  # [*E, batch, rows, head, d_head]
+    # (W_K q) per head, then against every position's x: [*E, batch, head * rows, pos]
+    qk = (_per_head(q) @ W["W_K"].transpose(-1, -2)).unflatten(-2, (B, M)).movedim(-4, -3)  # [*E, B, H, M, D]
+    scores = (qk.flatten(-3, -2) @ x.transpose(-1, -2)).unflatten(-2, (H, M))  # [*E, batch, head, rows, pos]
+    q_bK = (q * W["b_K"].view(*members, 1, 1, H, Dh)).sum(-1).transpose(-1, -2)  # [*E, batch, head, rows]
+    tokens, W_E = vocab if vocab is not None else (None, None)
+    inputs = PriorInputs(token_embed, x, None, query_index=rows, tokens=tokens, W_E=W_E)
+    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, rows)
+    scores = scores + q_bK.unsqueeze(-1)
+    for a, b in factors:
+        scores = scores + a @ b.transpose(-1, -2)
+    mask = causal[rows] if bias is None else bias + causal[rows]
+    # no row is fully masked (the diagonal is always visible), so a plain softmax is exact
+    pattern = torch.softmax(scores + mask, dim=-1)  # [*E, batch, head, rows, pos]
+    px = (pattern.flatten(-3, -2) @ x).unflatten(-2, (H, M)).movedim(-3, -2)  # [*E, batch, rows, head, d_model]
+    z = _per_head(px) @ W["W_V"] + W["b_V"].unsqueeze(-2)  # [*E, head, batch * rows, d_head]
+    z = z.unflatten(-2, (B, M)).movedim(-4, -2).flatten(-2)  # [*E, batch, rows, head * d_head]
     return member_linear(z, W["W_O"].flatten(-3, -2), W["b_O"])
 
 

@@ -63,6 +63,37 @@ def test_answer_path_computes_only_answer_rows_and_matches_them():
         m(tokens, return_type="loss", positions=[30])
 
 
+def test_the_answer_rows_are_the_full_attention_reassociated_exactly_in_float64():
+    """The answer path's last block moves the key and value products onto the queries
+    (``(W_K q)·x + q·b_K``, ``(Σ p x) W_V + b_V``): with rounding out of the way (float64) it is the
+    full attention at those rows to 1e-12, nonzero key and value biases, both priors and a bias
+    prior included; a prior that needs the scores is refused."""
+    from circuitfade.model.core import ATTENTION_WEIGHTS, causal_mask, prior_attention, rows_attention
+
+    m = make_model(seed=4).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.5, generator=torch.Generator().manual_seed(p.numel()))
+    attn = m.blocks[1].attn
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 32, (3, 31), generator=g)
+    x = torch.randn(3, 31, 64, generator=g, dtype=torch.float64)
+    weights = {n: getattr(attn, n) for n in ATTENTION_WEIGHTS}
+    gates = {n: attn.gate(n) for n in attn.priors}
+    assert weights["b_K"].abs().min() > 0 and weights["b_V"].abs().min() > 0
+    args = (attn, x, m.W_E[tokens], causal_mask(31).double(), weights, gates)
+    rows = torch.tensor([5, 17, 30])
+    full = prior_attention(*args, vocab=(tokens, m.W_E))
+    part = prior_attention(*args, rows=rows, vocab=(tokens, m.W_E))
+    torch.testing.assert_close(part, full[:, rows], atol=1e-12, rtol=0)
+    assert (full[:, rows] - full[:, rows - 1]).abs().max() > 0.1  # the rows are told apart
+    scored = SoftPriorTransformer(SoftPriorConfig(priors=("pos", "cope")))
+    with pytest.raises(ValueError, match="needs the attention scores"):
+        rows_attention(scored.blocks[1].attn, x.float(), m.W_E[tokens].float(), causal_mask(31),
+                       {n: getattr(scored.blocks[1].attn, n) for n in ATTENTION_WEIGHTS},
+                       {n: scored.blocks[1].attn.gate(n) for n in scored.blocks[1].attn.priors}, rows)
+
+
 def test_answer_path_is_ignored_when_a_hook_is_attached():
     m = make_model(seed=2)
     tokens = torch.randint(0, 32, (2, 31), generator=torch.Generator().manual_seed(0))
