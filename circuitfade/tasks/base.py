@@ -131,9 +131,10 @@ class Batch:
                 f"Batch.targets: expected a real token (!= {IGNORE_INDEX}) exactly at answer_mask "
                 f"positions and {IGNORE_INDEX} elsewhere"
             )
-        if bool((self.answer_sources & ~mask[:, :, None]).any()):
+        at = self.answer_sources.nonzero()  # [n, 3]: (example, answer row i, key j); a few per example
+        if not bool(mask[at[:, 0], at[:, 1]].all()):
             raise ValueError("Batch.answer_sources: expected all-False rows at non-answer positions")
-        if p > 0 and bool(torch.triu(self.answer_sources, diagonal=1).any()):
+        if bool((at[:, 2] > at[:, 1]).any()):
             raise ValueError("Batch.answer_sources: expected only key positions j <= i (causal)")
 
     # ------------------------------------------------------------------ basics

@@ -286,6 +286,12 @@ def test_batch_validation_and_indexing():
         t = batch.targets.clone()
         t[0, 5] = 1
         Batch(batch.tokens, t, m, s)
+    with pytest.raises(ValueError, match="non-answer positions"):  # a source on a row that is not scored
+        s = batch.answer_sources.clone()
+        s[3, 7, 2] = True
+        Batch(batch.tokens, batch.targets, batch.answer_mask, s)
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    assert len(Batch(empty, empty, empty.bool(), torch.zeros(2, 0, 0, dtype=torch.bool))) == 2
 
     assert len(batch) == 10
     sub = batch[2:5]
