@@ -7,11 +7,8 @@ Each attention head computes (main paper, Eq. 1)::
 with one gate ``g_p`` per layer, head and prior ``p`` (see :mod:`circuitfade.model.priors`).
 This module holds that computation and the model API around it as mixins that import
 neither line's model classes (only ``HookPoint``, which both lines share). The fused path
-is written once as functions over weights with an optional leading member axis
-(:func:`prior_attention`, :func:`fused_block`, :func:`fused_logits`, :func:`causal_mask`,
-:func:`member_linear`): the single model calls them on its own weights, and the stacked
-model of :mod:`circuitfade.train.stacked` on E members' weights stacked ``[E, *shape]``.
-The mixins:
+is :mod:`circuitfade.model.fused` (functions over weights with an optional leading member
+axis, which the stacked model of :mod:`circuitfade.train.stacked` calls too). The mixins:
 
 * :class:`PriorAttentionCore` - gates, the gated prior, the hooked path (TransformerLens's
   attention arithmetic, hook for hook), the fused path (one QKV matmul, low-rank priors
@@ -36,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping
 
 import einops
 import torch
@@ -51,12 +48,19 @@ from circuitfade.io import CheckpointError, check_state_dict, load_tensors, read
 from circuitfade.model.backbone import apply_rotary
 from circuitfade.model.devices import to_device
 from circuitfade.model.files import CONFIG_FILE, WEIGHTS_FILE
+from circuitfade.model.fused import (
+    ATTENTION_WEIGHTS,
+    causal_mask,
+    fused_block,
+    fused_logits,
+    fused_path_refusal,
+    prior_attention,
+    softcap,
+)
 from circuitfade.model.priors import PriorInputs, build_prior
 
 __all__ = ["PriorAttentionCore", "PriorBlockCore", "SoftPriorCore", "check_gate_value", "gate_tensor",
-           "logits_at_all_positions", "attention_scale", "next_token_loss", "layer_norm_unhooked",
-           "ATTENTION_WEIGHTS", "PriorTerm", "causal_mask", "member_linear", "module_prior_term",
-           "prior_attention", "fused_block", "fused_logits"]
+           "logits_at_all_positions", "attention_scale", "next_token_loss", "layer_norm_unhooked"]
 
 
 # --------------------------------------------------------------------------------------
@@ -100,22 +104,6 @@ def attention_scale(cfg, layer: int) -> float:
     return float(scale)
 
 
-def fused_path_refusal(cfg) -> str | None:
-    """Why a model of ``cfg`` has no fused path (one line; it then runs the hooked path), or ``None``."""
-    if cfg.positional_embedding_type == "rotary":
-        return "rotary positions have no fused path"
-    if getattr(cfg, "attn_scores_soft_cap", -1.0) > 0:
-        return "attn_scores_soft_cap caps the query-key scores alone, which the fused path adds to the priors'"
-    return None
-
-
-def _softcap(x: Tensor, cap) -> Tensor:
-    """``cap · tanh(x / cap)`` for ``cap > 0``, else ``x``."""
-    if cap is None or not cap > 0:
-        return x
-    return cap * torch.tanh(x / cap)
-
-
 def next_token_loss(logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"],
                     per_token: bool = False) -> Float[Tensor, ""] | Float[Tensor, "batch pos_minus_1"]:
     """Next-token cross entropy ``-log p(t_{i+1} | ≤ i)``: per position ``[batch, pos-1]`` or the mean
@@ -143,223 +131,6 @@ def layer_norm_unhooked(module: nn.Module, x: Tensor) -> Tensor:
     if hasattr(module, "w") and hasattr(module, "b") and type(module).__name__ == "LayerNorm":
         return F.layer_norm(x, (x.shape[-1],), module.w, module.b, module.eps)
     return module(x)
-
-
-# --------------------------------------------------------------------------------------
-# the fused forward, once: weights with or without a leading member axis
-# --------------------------------------------------------------------------------------
-ATTENTION_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
-"""The names of an attention module's weights, the keys :func:`prior_attention` reads."""
-
-PriorTerm = Callable[[str, nn.Module, PriorInputs], "tuple[Tensor, Tensor] | Tensor"]
-"""``(name, prior, inputs) ->`` the prior's low-rank factors ``(a, b)`` (``B = a b^T``) or its bias."""
-
-
-def causal_mask(n: int, device=None) -> Float[Tensor, "pos pos"]:
-    """The additive causal mask ``[n, n]``: 0 on and below the diagonal, -inf above."""
-    return torch.full((n, n), float("-inf"), device=device).triu(1)
-
-
-def member_linear(x: Float[Tensor, "*lead rows d_in"], w: Float[Tensor, "*members d_in d_out"],
-                  b: Float[Tensor, "*members d_out"]) -> Float[Tensor, "*lead rows d_out"]:
-    """``x @ w + b`` with the bias inside the kernel. Without a member axis (``w``
-    ``[d_in, d_out]``): one ``F.linear``. With one (``w`` ``[E, d_in, d_out]``, ``b`` ``[E, d_out]``,
-    ``x`` ``[E, ..., d_in]``): one ``baddbmm``, the bias added to each member's finished product, as
-    the single model's kernel does. Where the product is one block of the BLAS kernel (``d_in``
-    up to 64 on every CPU kind the tests emulate) the values equal ``x @ w`` then ``+ b`` bit for
-    bit; for wider inputs they may differ by float rounding. The separate add costs more than
-    the product's own time on small layers (measured: about a tenth of a training step of the
-    default model)."""
-    if w.dim() == 2:
-        return F.linear(x, w.T, b)
-    E = w.shape[0]
-    out = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, -1, x.shape[-1]), w)
-    return out.view(*x.shape[:-1], w.shape[-1])
-
-
-def module_prior_term(name: str, prior: nn.Module, inputs: PriorInputs) -> tuple[Tensor, Tensor] | Tensor:
-    """A prior module's own term: its factors where it has them, else its bias (:data:`PriorTerm`)."""
-    ab = prior.factors(inputs)
-    return prior(inputs) if ab is None else ab
-
-
-def _head_gate(g: Float[Tensor, "*members head"]) -> Tensor:
-    """A gate ``[head]`` as ``[head, 1, 1]``; ``[E, head]`` as ``[E, 1, head, 1, 1]`` (against ``[.., batch, head, q, k]``)."""
-    g = g[..., None, None]
-    return g if g.dim() == 3 else g.unsqueeze(1)
-
-
-def _prior_terms(attn: nn.Module, inputs: PriorInputs, gates: Mapping[str, Tensor], prior_term: PriorTerm,
-                 dtype: torch.dtype, rows: Tensor | None) -> tuple[list[tuple[Tensor, Tensor]], Tensor | None]:
-    """Each prior's gated term on ``inputs``: low-rank priors as factor pairs ``(g·a, b)``
-    (``B = a b^T``), the others summed into one bias ``Σ g·B`` (``None`` if there is none)."""
-    factors, bias = [], None
-    for name, prior in attn.priors.items():
-        g = _head_gate(gates[name].to(dtype))
-        term = prior_term(name, prior, inputs)
-        if isinstance(term, tuple):
-            factors.append((term[0] * g, term[1]))
-            continue
-        if rows is not None and term.shape[-2] != rows.numel():
-            term = term[..., rows, :]  # a prior that ignores query_index: keep the rows asked for
-        bias = g * term if bias is None else bias + g * term
-    return factors, bias
-
-
-def prior_attention(
-    attn: nn.Module,
-    x: Float[Tensor, "*members batch pos d_model"],
-    token_embed: Float[Tensor, "*members batch pos d_model"],
-    causal: Float[Tensor, "pos pos"],
-    weights: Mapping[str, Tensor],
-    gates: Mapping[str, Tensor],
-    rows: Int[Tensor, "n_rows"] | None = None,
-    prior_term: PriorTerm = module_prior_term,
-    vocab: tuple[Tensor, Tensor] | None = None,
-) -> Float[Tensor, "*members batch pos_or_rows d_model"]:
-    """The fused attention with priors (main paper, Eq. 1), per (member,) batch and head::
-
-        softmax(Q K^T / attn_scale + Σ_p g_p B^p + causal) V W_O + b_O
-
-    one QKV matmul, low-rank priors ``B = a b^T`` as extra query-key columns, the other priors
-    (gated) plus the causal mask added to the scores. ``attn``: the attention module whose
-    ``priors``, ``attn_scale`` and ``cfg`` this layer has; ``weights[name]`` for each name in
-    :data:`ATTENTION_WEIGHTS` (TransformerLens's shapes, or with a leading member axis ``E``, then
-    ``x``, ``token_embed`` and the gates ``[E, head]`` have it too); ``gates[prior]``: ``[head]``;
-    ``prior_term``: each prior's factors or bias on these inputs (:func:`module_prior_term`
-    calls the prior module); ``vocab``: ``(tokens, W_E)`` where ``token_embed == W_E[tokens]``
-    (token inputs), handed to the priors (:class:`~circuitfade.model.priors.PriorInputs`).
-
-    With ``rows`` (query positions), queries, attention and the output are computed only at
-    those positions, by :func:`rows_attention` (no key or value is computed). Not for priors that
-    need the scores.
-    """
-    if rows is not None:
-        return rows_attention(attn, x, token_embed, causal, weights, gates, rows, prior_term, vocab)
-    H, Dh = attn.cfg.n_heads, attn.cfg.d_head
-    scale = attn.attn_scale
-    W = weights
-    w = torch.stack([W["W_Q"], W["W_K"], W["W_V"]], -4).movedim(-2, -4).flatten(-3)  # [*E, d_model, 3*head*d_head]
-    b = torch.stack([W["b_Q"], W["b_K"], W["b_V"]], -3).flatten(-3)
-    # q, k, v [*E, batch, head, pos, d_head] each (unbind on the q/k/v axis: the backward stacks
-    # the three gradients straight into the product's layout)
-    q, k, v = (t.transpose(-3, -2) for t in member_linear(x, w, b).unflatten(-1, (3, H, Dh)).unbind(-3))
-    needs = any(p.needs_scores for p in attn.priors.values())
-    scores = (q @ k.transpose(-1, -2)) / scale if needs else None
-    tokens, W_E = vocab if vocab is not None else (None, None)
-    inputs = PriorInputs(token_embed, x, scores, tokens=tokens, W_E=W_E)
-    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, None)
-    mask = causal if bias is None else bias + causal  # [*E, batch_or_1, head, q, k]
-    q = q / scale
-    if factors:  # low-rank priors: extra query-key columns
-        q, k = torch.cat([q] + [a for a, _ in factors], -1), torch.cat([k] + [b for _, b in factors], -1)
-    # no row is fully masked (the diagonal is always visible), so a plain softmax is exact
-    pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
-    z = (pattern @ v).transpose(-3, -2).flatten(-2)  # [*E, batch, pos, head*d_head]
-    return member_linear(z, W["W_O"].flatten(-3, -2), W["b_O"])
-
-
-def _per_head(t: Float[Tensor, "*members batch rows head d"]) -> Float[Tensor, "*members head batch_rows d"]:
-    """``[*E, batch, rows, head, d]`` as ``[*E, head, batch * rows, d]`` (one matrix per head)."""
-    return t.movedim(-2, -4).flatten(-3, -2)
-
-
-def rows_attention(
-    attn: nn.Module,
-    x: Float[Tensor, "*members batch pos d_model"],
-    token_embed: Float[Tensor, "*members batch pos d_model"],
-    causal: Float[Tensor, "pos pos"],
-    weights: Mapping[str, Tensor],
-    gates: Mapping[str, Tensor],
-    rows: Int[Tensor, "n_rows"],
-    prior_term: PriorTerm = module_prior_term,
-    vocab: tuple[Tensor, Tensor] | None = None,
-) -> Float[Tensor, "*members batch rows d_model"]:
-    """:func:`prior_attention` at the query positions ``rows`` only (the arguments are its), with
-    the key and value products moved onto the few queries (the same function, associated
-    differently, so it rounds differently)::
-
-        q_i·k_j = (W_K q_i)·x_j + q_i·b_K          Σ_j p_ij v_j = (Σ_j p_ij x_j) W_V + b_V
-
-    (``Σ_j p_ij = 1``). Keys and values at every position (two products over batch × positions)
-    become products over batch × rows; low-rank priors are their own small product. Not for
-    priors that need the scores.
-    """
-    if any(p.needs_scores for p in attn.priors.values()):
-        raise ValueError("rows_attention: a prior that needs the attention scores needs every key; use rows=None")
-    H, Dh = attn.cfg.n_heads, attn.cfg.d_head
-    W = weights
-    members = W["W_Q"].shape[:-3]
-    B, M = x.shape[-3], rows.numel()
-    q = member_linear(x[..., rows, :], W["W_Q"].movedim(-3, -2).flatten(-2), W["b_Q"].flatten(-2))
-    q = q.unflatten(-1, (H, Dh)) / attn.attn_scale  # [*E, batch, rows, head, d_head]
-    # (W_K q) per head, then against every position's x: [*E, batch, head * rows, pos]
-    qk = (_per_head(q) @ W["W_K"].transpose(-1, -2)).unflatten(-2, (B, M)).movedim(-4, -3)  # [*E, B, H, M, D]
-    scores = (qk.flatten(-3, -2) @ x.transpose(-1, -2)).unflatten(-2, (H, M))  # [*E, batch, head, rows, pos]
-    q_bK = (q * W["b_K"].view(*members, 1, 1, H, Dh)).sum(-1).transpose(-1, -2)  # [*E, batch, head, rows]
-    tokens, W_E = vocab if vocab is not None else (None, None)
-    inputs = PriorInputs(token_embed, x, None, query_index=rows, tokens=tokens, W_E=W_E)
-    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, rows)
-    scores = scores + q_bK.unsqueeze(-1)
-    for a, b in factors:
-        scores = scores + a @ b.transpose(-1, -2)
-    mask = causal[rows] if bias is None else bias + causal[rows]
-    # no row is fully masked (the diagonal is always visible), so a plain softmax is exact
-    pattern = torch.softmax(scores + mask, dim=-1)  # [*E, batch, head, rows, pos]
-    px = (pattern.flatten(-3, -2) @ x).unflatten(-2, (H, M)).movedim(-3, -2)  # [*E, batch, rows, head, d_model]
-    z = _per_head(px) @ W["W_V"] + W["b_V"].unsqueeze(-2)  # [*E, head, batch * rows, d_head]
-    z = z.unflatten(-2, (B, M)).movedim(-4, -2).flatten(-2)  # [*E, batch, rows, head * d_head]
-    return member_linear(z, W["W_O"].flatten(-3, -2), W["b_O"])
-
-
-def fused_block(
-    resid: Float[Tensor, "*members batch pos d_model"],
-    attend: Callable[[Tensor], Tensor],
-    ln1: Callable[[Tensor], Tensor],
-    ln2: Callable[[Tensor], Tensor] | None = None,
-    mlp: Callable[[Tensor], Tensor] | None = None,
-    rows: Int[Tensor, "n_rows"] | None = None,
-) -> Float[Tensor, "*members batch pos_or_rows d_model"]:
-    """A block on the fused path: ``resid + attend(ln1(resid))`` then ``+ mlp(ln2(·))`` (no MLP
-    when ``mlp`` is None); with ``rows``, the residual is kept at those positions only."""
-    attn_out = attend(ln1(resid))
-    resid = (resid if rows is None else resid[..., rows, :]) + attn_out
-    if mlp is not None:
-        resid = resid + mlp(ln2(resid))
-    return resid
-
-
-def fused_logits(
-    embed: Float[Tensor, "*members batch pos d_model"],
-    blocks: Sequence[Callable[[Tensor, Tensor | None], Tensor]],
-    W_U: Float[Tensor, "*members d_model d_vocab_out"],
-    b_U: Float[Tensor, "*members d_vocab_out"],
-    *,
-    W_pos: Float[Tensor, "*members n_ctx d_model"] | None = None,
-    ln_final: Callable[[Tensor], Tensor] | None = None,
-    rows: Int[Tensor, "n_rows"] | None = None,
-    stop_at_layer: int | None = None,
-    logit_cap: float | None = None,
-) -> Float[Tensor, "*members batch pos_or_rows d_vocab_out"]:
-    """The model's fused forward from token embeddings: ``+ W_pos`` (learned positions), each
-    block ``blocks[i](resid, rows_or_None)`` (``rows`` in the last block only), ``ln_final``,
-    unembedding (``F.linear``; with a member axis one ``baddbmm``), then ``logit_cap · tanh(logits /
-    logit_cap)`` where ``logit_cap > 0`` (``output_logits_soft_cap``, as TransformerLens applies it).
-    With ``stop_at_layer``: the residual stream before that block."""
-    n = embed.shape[-2]
-    resid = embed
-    if W_pos is not None:
-        pos = W_pos[..., :n, :]
-        resid = embed + (pos if pos.dim() == 2 else pos.unsqueeze(-3))
-    blocks = blocks[:stop_at_layer]
-    last = len(blocks) - 1
-    for i, block in enumerate(blocks):
-        resid = block(resid, rows if i == last else None)
-    if stop_at_layer is not None:
-        return resid
-    if ln_final is not None:
-        resid = ln_final(resid)
-    return _softcap(member_linear(resid, W_U, b_U), logit_cap)
 
 
 # --------------------------------------------------------------------------------------
@@ -458,7 +229,7 @@ class PriorAttentionCore:
         """``q·k / attn_scale`` (soft-capped if ``cfg.attn_scores_soft_cap > 0``)."""
         q_ = einops.rearrange(q, "batch query_pos head_index d_head -> batch head_index query_pos d_head")
         k_ = einops.rearrange(k, "batch key_pos head_index d_head -> batch head_index d_head key_pos")
-        return _softcap(q_ @ k_ / self.attn_scale, self.cfg.attn_scores_soft_cap)
+        return softcap(q_ @ k_ / self.attn_scale, self.cfg.attn_scores_soft_cap)
 
     def causal_mask(self, scores: Float[Tensor, "batch head q k"]) -> Float[Tensor, "batch head q k"]:
         """``scores`` with ``IGNORE`` (-inf) where ``key_pos > query_pos``."""
@@ -518,7 +289,7 @@ class PriorAttentionCore:
         rows: Int[Tensor, "n_rows"] | None = None,
         vocab: tuple[Tensor, Tensor] | None = None,
     ) -> Float[Tensor, "batch pos_or_rows d_model"]:
-        """Unhooked path (:func:`prior_attention` on this module's weights and gates): one QKV
+        """Unhooked path (:func:`~circuitfade.model.fused.prior_attention` on this module's weights and gates): one QKV
         matmul, low-rank priors as extra query-key columns, the other priors (gated) plus the
         causal mask added to the scores.
 
@@ -693,7 +464,7 @@ class SoftPriorCore:
         """Logits of the final residual stream (hooked path): ``ln_final`` if normalised, then ``unembed``."""
         if self.cfg.normalization_type is not None:
             resid = self.ln_final(resid)
-        return _softcap(self.unembed(resid), self.cfg.output_logits_soft_cap)
+        return softcap(self.unembed(resid), self.cfg.output_logits_soft_cap)
 
     def _returned(self, logits: Tensor, tokens: Tensor, return_type: str | None, loss_per_token: bool):
         """What ``forward`` returns for ``return_type``: the logits, the next-token loss, both, or None."""
@@ -727,7 +498,7 @@ class SoftPriorCore:
         return self._returned(self._unembed(resid), tokens, return_type, loss_per_token)
 
     def _fused_logits(self, tokens: Tensor, rows: Tensor | None, stop_at_layer: int | None) -> Tensor:
-        """The fused path (:func:`fused_logits` on this model's weights): logits, or the residual
+        """The fused path (:func:`~circuitfade.model.fused.fused_logits` on this model's weights): logits, or the residual
         stream before block ``stop_at_layer``."""
         embed = self._embed(tokens)
         causal = self._causal(tokens.shape[1], tokens.device)
@@ -741,7 +512,7 @@ class SoftPriorCore:
                             rows=rows, stop_at_layer=stop_at_layer, logit_cap=self.cfg.output_logits_soft_cap)
 
     def _causal(self, n: int, device) -> Tensor:
-        """:func:`causal_mask` ``[n, n]``, cached."""
+        """:func:`~circuitfade.model.fused.causal_mask` ``[n, n]``, cached."""
         key = (n, str(device))
         mask = self._causal_cache.get(key)
         if mask is None:

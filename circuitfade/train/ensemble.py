@@ -53,7 +53,8 @@ from torch import Tensor
 
 from circuitfade.gating.evaluation import EVAL_CHUNK, condition_groups, conditions_row, gate_condition
 from circuitfade.model import SoftPriorTransformer
-from circuitfade.model.core import fused_path_refusal, logits_at_all_positions
+from circuitfade.model.core import logits_at_all_positions
+from circuitfade.model.fused import fused_path_refusal
 from circuitfade.model.devices import keep_freed_memory, resolve_device
 from circuitfade.tasks import EVAL_SEED, Batch, Task, eval_set
 from circuitfade.train.callbacks import NON_FINITE_WEIGHTS, Callback, Callbacks, divergence, is_eval_step, step_loop

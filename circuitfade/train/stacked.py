@@ -22,7 +22,7 @@ from torch.func import functional_call
 from torch.optim.adamw import adamw as adamw_step
 
 from circuitfade.model import SoftPriorTransformer
-from circuitfade.model.core import ATTENTION_WEIGHTS, causal_mask, fused_block, fused_logits, prior_attention
+from circuitfade.model.fused import ATTENTION_WEIGHTS, causal_mask, fused_block, fused_logits, prior_attention
 from circuitfade.model.priors import PriorInputs
 
 __all__ = ["StackedModel", "BatchedAdamW", "GateValues"]
@@ -151,7 +151,7 @@ class StackedModel:
                   rows: Int[Tensor, "rows"] | None, zero: Bool[Tensor, "E"] | None,
                   override: GateValues | None = None, vocab: tuple[Tensor, Tensor] | None = None
                   ) -> Float[Tensor, "E batch pos_or_rows d_model"]:
-        """Block ``layer``'s attention: :func:`~circuitfade.model.core.prior_attention` (the single
+        """Block ``layer``'s attention: :func:`~circuitfade.model.fused.prior_attention` (the single
         model's fused attention) on the members' stacked weights, gates and prior terms."""
         attn = self.template.blocks[layer].attn
         pre = f"blocks.{layer}.attn."

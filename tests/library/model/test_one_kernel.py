@@ -1,4 +1,4 @@
-"""The soft-prior attention is written once: :mod:`circuitfade.model.core` holds it
+"""The soft-prior attention is written once: :mod:`circuitfade.model.fused` holds it
 (``prior_attention``, ``fused_block``, ``fused_logits``, ``causal_mask``) and the stacked
 model (:mod:`circuitfade.train.stacked`) calls those functions on its stacked weights. A
 checker reads the stacked model's source and fails on attention arithmetic of its own
@@ -49,10 +49,10 @@ def _attention_arithmetic(source: str) -> list[str]:
 
 
 def _calls_core(source: str) -> set[str]:
-    """The core functions of ``_CORE`` that ``source`` imports from :mod:`circuitfade.model.core`."""
+    """The functions of ``_CORE`` that ``source`` imports from :mod:`circuitfade.model.fused`."""
     names = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module == "circuitfade.model.core":
+        if isinstance(node, ast.ImportFrom) and node.module == "circuitfade.model.fused":
             names |= {a.name for a in node.names}
     return names & set(_CORE)
 
@@ -61,7 +61,7 @@ def test_the_stacked_model_has_no_attention_arithmetic_of_its_own():
     source = STACKED.read_text()
     found = _attention_arithmetic(source)
     assert not found, ("circuitfade/train/stacked.py computes attention itself (call the functions of "
-                       "circuitfade.model.core instead): " + "; ".join(found))
+                       "circuitfade.model.fused instead): " + "; ".join(found))
     assert _calls_core(source) == set(_CORE)  # and it runs the core functions instead
 
 

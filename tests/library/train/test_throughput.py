@@ -68,7 +68,7 @@ def test_the_answer_rows_are_the_full_attention_reassociated_exactly_in_float64(
     (``(W_K q)·x + q·b_K``, ``(Σ p x) W_V + b_V``): with rounding out of the way (float64) it is the
     full attention at those rows to 1e-12, nonzero key and value biases, both priors and a bias
     prior included; a prior that needs the scores is refused."""
-    from circuitfade.model.core import ATTENTION_WEIGHTS, causal_mask, prior_attention, rows_attention
+    from circuitfade.model.fused import ATTENTION_WEIGHTS, causal_mask, prior_attention, rows_attention
 
     m = make_model(seed=4).double()
     with torch.no_grad():
