@@ -7,8 +7,8 @@ measured on one machine decides the default on another. ``run_sweep(executor="au
 studies' default ``--executor auto``) asks :func:`choose_executor`, which times short runs of
 the sweep's own model shape here, one by one and as ensembles of a few sizes, and picks the
 ensemble only where it is faster by a margin (:data:`MARGIN`); otherwise the pool of single
-runs. The measurement is cached per machine (:func:`~circuitfade.model.devices.machine`) and
-model shape in ``$CIRCUITFADE_CACHE`` (default ``~/.cache/circuitfade``) and takes a few
+runs. The measurement is cached per machine (:func:`~circuitfade.model.devices.machine`), model
+shape and version of the timed code (:func:`code_fingerprint`) in ``$CIRCUITFADE_CACHE`` (default ``~/.cache/circuitfade``) and takes a few
 seconds; ``executor="local"`` or ``"ensemble"`` (or ``CIRCUITFADE_EXECUTOR``) forces either.
 
 Runs are the same files whichever executor trains them (each ensemble member is bit-identical
@@ -30,7 +30,8 @@ from circuitfade.io import read_json, write_json
 from circuitfade.model.devices import machine
 from circuitfade.train.config import RunConfig
 
-__all__ = ["ExecutorChoice", "choose_executor", "ensemble_size_here", "decide", "measure_speedups", "CANDIDATE_MEMBERS", "MARGIN",
+__all__ = ["ExecutorChoice", "choose_executor", "ensemble_size_here", "decide", "measure_speedups", "code_fingerprint",
+           "CANDIDATE_MEMBERS", "MARGIN", "TIMED_CODE",
            "CACHE_ENV", "EXECUTOR_ENV"]
 
 CANDIDATE_MEMBERS = (4, 16)
@@ -113,10 +114,29 @@ def _cache_file() -> Path:
     return Path(base) / "executor.json"
 
 
+TIMED_CODE = ("circuitfade.model.fused", "circuitfade.model.priors", "circuitfade.train.stacked",
+              "circuitfade.train.ensemble", "circuitfade.train.loop", "circuitfade.train.optim")
+"""The modules whose code the calibration times: a change to any of them (a new release, a local
+edit) measures again instead of reading what the old code measured."""
+
+
+def code_fingerprint() -> str:
+    """A hash of the package version and the source of :data:`TIMED_CODE`."""
+    import importlib
+
+    from circuitfade import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    for name in TIMED_CODE:
+        h.update(Path(importlib.import_module(name).__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _key(cfg: RunConfig, info: dict) -> str:
     from circuitfade.train.ensemble import ensemble_key
 
-    blob = json.dumps({"machine": info, "shape": json.loads(ensemble_key(cfg))}, sort_keys=True)
+    blob = json.dumps({"machine": info, "shape": json.loads(ensemble_key(cfg)), "code": code_fingerprint()},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

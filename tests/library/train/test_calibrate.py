@@ -54,6 +54,17 @@ def test_the_measurement_is_cached_per_machine_and_shape():
     assert len(calls) == 1
 
 
+def test_other_code_measures_again(monkeypatch):
+    """What older code measured is not read after the timed code changed (a release, a local edit)."""
+    fingerprint = cal.code_fingerprint()
+    assert fingerprint == cal.code_fingerprint() and len(fingerprint) == 16
+    assert choose_executor(configs(), measure=lambda c: {4: 1.4}).source == "measured"
+    assert choose_executor(configs(), measure=lambda c: {4: 0.5}).source == "cache"
+    monkeypatch.setattr(cal, "code_fingerprint", lambda: "another release")
+    changed = choose_executor(configs(), measure=lambda c: {4: 0.9, 16: 0.8})
+    assert (changed.executor, changed.source) == ("local", "measured")
+
+
 def test_an_unreadable_cache_is_measured_again(tmp_path):
     cache = tmp_path / "cache" / "executor.json"
     cache.parent.mkdir(parents=True)
