@@ -72,10 +72,12 @@ def decide(speedups: dict[int, float], margin: float = MARGIN) -> tuple[str, int
 
 
 def _short(cfg: RunConfig, seed: int, steps: int) -> RunConfig:
+    """A ``steps``-step run of ``cfg``'s shape, eager (a compile would cost more than such a run's steps)."""
     d = cfg.to_dict()
     d["seed"] = seed
     d["train"] = {**d["train"], "steps": steps, "eval_every": steps, "checkpoint_every": steps,
                   "extra_checkpoints": []}
+    d["train"].pop("compile", None)
     try:
         return RunConfig.from_dict(d)
     except ValueError:  # a gate path whose transitions lie past the short budget: time the same shape unforced

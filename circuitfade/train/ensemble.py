@@ -34,8 +34,10 @@ a member resumed alone by :func:`~circuitfade.train.loop.train` continues as a s
 
 What cannot be a member (:func:`ensemble_refusal`): branches (``config.parent``; they
 start from another run's checkpoint), rotary positions and ``post_embedding_ln`` (the
-model has no fused path for them), and compiled runs (``TrainConfig.compile``: the ensemble
-trainer runs eagerly). They train as single runs.
+model has no fused path for them). They train as single runs. Compiled runs
+(``TrainConfig.compile``) train together with runs compiled alike: the stacked training forward
+and backward run under ``torch.compile`` (evaluation stays eager), and each member's
+``run.compile_seconds`` holds the first step's seconds, as :func:`~circuitfade.train.loop.fit` keeps it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -71,7 +74,7 @@ from circuitfade.train.checkpoints import (
 )
 from circuitfade.train.config import RunConfig, TrainingDiverged, is_checkpoint_step
 from circuitfade.train.lock import RunLocked, run_lock
-from circuitfade.train.loop import row_at_step
+from circuitfade.train.loop import row_at_step, training_forward
 from circuitfade.train.rundir import RunDir
 from circuitfade.train.stacked import BatchedAdamW, StackedModel
 from circuitfade.train.state import Run, new_run, one_thread
@@ -87,7 +90,7 @@ takes the size measured on the machine it runs on (:func:`circuitfade.train.cali
 has one (:func:`~circuitfade.train.sweep.plan_jobs`)."""
 
 # training settings every member of an ensemble shares (the others are the member's own)
-_SHARED_TRAIN = ("steps", "batch_size", "eval_every", "eval_size", "eval_conditions", "dual_loss", "device")
+_SHARED_TRAIN = ("steps", "batch_size", "eval_every", "eval_size", "eval_conditions", "dual_loss", "device", "compile")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,8 +100,6 @@ def ensemble_refusal(cfg: RunConfig) -> str | None:
     """Why ``cfg`` cannot be an ensemble member (one line), or ``None`` if it can."""
     if cfg.parent:
         return "a branch starts from its parent's checkpoint: trained as a single run"
-    if cfg.train.compile:
-        return "TrainConfig.compile: the ensemble trainer runs eagerly, so a compiled run trains as a single run"
     mc = cfg.model_config()
     why = fused_path_refusal(mc)
     if why is not None:
@@ -177,6 +178,9 @@ class Ensemble:
         self.opt = BatchedAdamW(self.model, [r.optimizer for r in self.runs], [r.model for r in self.runs])
         self.active = list(range(len(self.runs)))  # member index (into runs) of each stack slot
         self.tc = self.cfgs[0].train
+        # the training forward (and so its backward), compiled with TrainConfig.compile; evaluation stays eager
+        self._train_logits = training_forward(self.model.logits, self.tc.compile)
+        self._compiling = bool(self.tc.compile)  # the first step compiles: timed
 
     @property
     def step_now(self) -> int:
@@ -217,6 +221,7 @@ class Ensemble:
         norm is not finite is not updated."""
         model, tc = self.model, self.tc
         step = self.step_now
+        t0 = time.perf_counter() if self._compiling else None
         self.set_gates(step)
         batches, drops = [], []
         for i in self.active:
@@ -260,12 +265,16 @@ class Ensemble:
         for slot, i in enumerate(self.active):
             if update[slot]:
                 self.runs[i].step += 1
+        if t0 is not None:
+            self._compiling = False
+            for i in self.active:
+                self.runs[i].compile_seconds = time.perf_counter() - t0
         return lvs, nvs
 
     def _losses(self, x: Tensor, rows: Tensor | None, batches: Sequence[Batch], task: Task,
                 zero: Tensor | None) -> list[Tensor]:
         """Each member's task loss on its batch, from logits laid out as the single model returns them."""
-        logits = self.model.logits(x, rows, zero)
+        logits = self._train_logits(x, rows, zero)
         return [task.loss(logits_at_all_positions(logits[s], rows, x.shape[2]), b) for s, b in enumerate(batches)]
 
     @torch.no_grad()

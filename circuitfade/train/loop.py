@@ -103,11 +103,12 @@ Logger = Callable[[int, dict], None]
 """``logger(step, metrics)``: called with each evaluation row; see :mod:`circuitfade.train.loggers`."""
 
 
-def training_forward(model: SoftPriorTransformer, compile: bool | str = False):
+def training_forward(model: SoftPriorTransformer | Callable, compile: bool | str = False):
     """What the training step calls: ``model`` itself, or with ``compile`` (``True``: inductor, or a
     backend name) ``torch.compile(model)``, which shares the model's parameters and buffers (the
     optimizer, checkpoints and evaluation see the same tensors). Gate schedules write buffers, so
-    they need no recompilation; a gate override (prior dropout, dual loss) compiles a second graph."""
+    they need no recompilation; a gate override (prior dropout, dual loss) compiles a second graph.
+    ``model`` may be any callable (the ensemble compiles its stacked model's ``logits``)."""
     if not compile:
         return model
     import torch._dynamo  # noqa: F401  (imported here: eager runs never load the compiler)

@@ -116,3 +116,19 @@ def test_the_forced_ensemble_takes_its_size_from_the_measurement_here(tmp_path, 
     res = run_sweep(configs(3, d_model=16, d_head=8), tmp_path / "runs", executor="ensemble", workers=1,
                     progress=False)
     assert list(res.status) == ["done"] * 3 and seen == [16]
+
+
+
+def test_compiled_runs_are_timed_eagerly(monkeypatch):
+    """The calibration's short runs of a compiled config's shape never compile (a compile would cost
+    more than their steps); they are the same shape otherwise."""
+    import circuitfade.train.ensemble as ens
+    import circuitfade.train.loop as loop
+
+    seen = []
+    monkeypatch.setattr(loop, "train", lambda cfg, out, **kw: seen.append(cfg))
+    monkeypatch.setattr(ens, "train_ensemble", lambda cfgs, dirs, **kw: seen.extend(cfgs))
+    compiled = RunConfig(path="unforced", train=TrainConfig(steps=600, batch_size=8, compile=True), seed=3)
+    cal.measure_speedups(compiled, members=(2,), steps=5)
+    assert len(seen) == 5 and not any(c.train.compile for c in seen)
+    assert {c.train.batch_size for c in seen} == {8} and {c.train.steps for c in seen} == {2, 5}

@@ -7,6 +7,8 @@ import torch
 
 from circuitfade.train import RunConfig, train
 from circuitfade.train.config import TrainConfig
+from circuitfade.train.ensemble import fit_ensemble
+from circuitfade.train.state import new_run
 from circuitfade.train.loop import training_forward
 from tolerances import OUTPUTS, has_zero_gradient
 
@@ -87,3 +89,24 @@ def test_an_inductor_compiled_run_matches_eager_within_the_stated_tolerance():
     compiled = train(_cfg(20, compile=True), None, progress=False)
     _assert_same_weights(compiled, eager, answer_only=True, **OUTPUTS)
     assert compiled.metrics[-1]["train_loss"] == pytest.approx(eager.metrics[-1]["train_loss"], abs=1e-4)
+
+
+def test_a_compiled_ensemble_trains_what_the_eager_ensemble_trains():
+    """Compiled runs train together: the stacked training forward and backward under the compiler
+    (aot_eager), the same weights and metrics as the eager ensemble within the cross-machine
+    tolerance, every member's compile seconds kept as fit keeps a single run's."""
+    def runs(compile):
+        return [new_run(RunConfig(path=path, seed=s, train=TrainConfig(steps=12, eval_every=6, compile=compile,
+                                                                        prior_dropout=0.3)))
+                for s, path in ((0, "fade600->0"), (1, "unforced"))]
+
+    compiled, eager = runs("aot_eager"), runs(False)
+    assert fit_ensemble(compiled, progress=False) == fit_ensemble(eager, progress=False) == [None, None]
+    for c, e in zip(compiled, eager):
+        assert c.step == e.step == 12 and c.compile_seconds > 0 and e.compile_seconds is None
+        _assert_same_weights(c, e, **OUTPUTS)
+        assert [m["step"] for m in c.metrics] == [m["step"] for m in e.metrics]
+        for a, b in zip(c.metrics, e.metrics):
+            assert a["acc_normal"] == pytest.approx(b["acc_normal"], abs=1e-6)
+    with pytest.raises(AssertionError):  # the planted case: another member is caught by the same comparison
+        _assert_same_weights(compiled[0], eager[1], **OUTPUTS)

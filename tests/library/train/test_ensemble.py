@@ -471,10 +471,10 @@ def test_what_members_share_and_what_cannot_be_a_member():
     branch = RunConfig(path="posthoc5", parent={"run": "/nowhere", "step": 3600}, train=TrainConfig(steps=3605))
     rotary = RunConfig(model={"positional_embedding_type": "rotary"})
     compiled = RunConfig(train=TrainConfig(compile=True))
+    assert ensemble_refusal(compiled) is None and ensemble_key(compiled) != ensemble_key(base)  # with its kind
     capped = RunConfig(model={"attn_scores_soft_cap": 5.0})
     assert "branch" in ensemble_refusal(branch) and "rotary" in ensemble_refusal(rotary)
     assert "attn_scores_soft_cap" in ensemble_refusal(capped)
-    assert "compile" in ensemble_refusal(compiled)
     assert ensemble_refusal(base) is None
     with pytest.raises(ValueError, match="cannot join an ensemble"):
         ensemble_key(branch)
