@@ -33,8 +33,8 @@ its last complete checkpoint (members at different steps are trained in groups b
 a member resumed alone by :func:`~circuitfade.train.loop.train` continues as a single run.
 
 What cannot be a member (:func:`ensemble_refusal`): branches (``config.parent``; they
-start from another run's checkpoint), rotary positions and ``post_embedding_ln`` (the
-model has no fused path for them). They train as single runs. Compiled runs
+start from another run's checkpoint), rotary positions, ``attn_scores_soft_cap`` and
+``post_embedding_ln`` (the model has no fused path for them). They train as single runs. Compiled runs
 (``TrainConfig.compile``) train together with runs compiled alike: the stacked training forward
 and backward run under ``torch.compile`` (evaluation stays eager), and each member's
 ``run.compile_seconds`` holds the first step's seconds, as :func:`~circuitfade.train.loop.fit` keeps it.
