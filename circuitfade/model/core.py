@@ -502,7 +502,10 @@ class SoftPriorCore:
         stream before block ``stop_at_layer``."""
         embed = self._embed(tokens)
         causal = self._causal(tokens.shape[1], tokens.device)
-        vocab = (tokens, self.W_E) if self.cfg.input_mode != "real" else None
+        # the priors may look the token embedding up per vocabulary entry only where it is W_E[tokens]
+        # (not after TransformerLens's post-embedding LayerNorm)
+        exact = self.cfg.input_mode != "real" and not getattr(self.cfg, "post_embedding_ln", False)
+        vocab = (tokens, self.W_E) if exact else None
         blocks = [lambda resid, r, block=block: block(resid, embed, causal, r, vocab) for block in self.blocks]
         learned_pos = self.cfg.positional_embedding_type in ("standard", "shortformer")
         norm = self.cfg.normalization_type is not None

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformer_lens.utilities import get_act_name
 
+from circuitfade.compat import is_tl4
 from circuitfade.io import CheckpointError
 from circuitfade.model import SoftPriorConfig, SoftPriorTransformer
 
@@ -280,3 +281,17 @@ def test_soft_caps_apply_on_every_path_as_transformer_lens_applies_them(cap, tok
     assert (fused - free).abs().max() > 1e-3  # the cap did change something
     if "output_logits_soft_cap" in cap:
         assert fused.abs().max() < 0.5 and hooked.abs().max() < 0.5
+
+
+@pytest.mark.skipif(is_tl4(), reason="post_embedding_ln is a TransformerLens 3.x option (the native shell refuses it)")
+def test_the_fused_path_reads_the_embedding_after_a_post_embedding_layer_norm(tokens):
+    """With post_embedding_ln the token embedding is not W_E[tokens], so the content prior must not
+    look it up per vocabulary entry: the fused path equals the hooked path with the priors on."""
+    torch.manual_seed(0)
+    model = SoftPriorTransformer(SoftPriorConfig.base(post_embedding_ln=True))
+    with torch.no_grad():
+        fused = model(tokens)
+        hooked, _ = model.run_with_cache(tokens)
+        answer = model(tokens, positions=[-1])
+    torch.testing.assert_close(fused, hooked, atol=1e-5, rtol=0)
+    torch.testing.assert_close(answer[:, -1], hooked[:, -1], atol=1e-5, rtol=0)
