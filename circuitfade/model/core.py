@@ -288,6 +288,7 @@ class PriorAttentionCore:
         causal: Float[Tensor, "query_pos key_pos"],
         rows: Int[Tensor, "n_rows"] | None = None,
         vocab: tuple[Tensor, Tensor] | None = None,
+        table: tuple[Tensor, Tensor] | None = None,
     ) -> Float[Tensor, "batch pos_or_rows d_model"]:
         """Unhooked path (:func:`~circuitfade.model.fused.prior_attention` on this module's weights and gates): one QKV
         matmul, low-rank priors as extra query-key columns, the other priors (gated) plus the
@@ -295,11 +296,12 @@ class PriorAttentionCore:
 
         With ``rows`` (query positions), queries, attention and the output are computed
         only at those positions (keys and values still at every position); the result is
-        ``[batch, len(rows), d_model]``. Not for priors that need the scores.
+        ``[batch, len(rows), d_model]``. Not for priors that need the scores. ``table``: ``x`` as a
+        table over (token, position) (the first block; see :func:`~circuitfade.model.fused.fused_block`).
         """
         weights = {name: getattr(self, name) for name in ATTENTION_WEIGHTS}
         gates = {name: self.gate(name) for name in self.priors}
-        return prior_attention(self, x, token_embed, causal, weights, gates, rows, vocab=vocab)
+        return prior_attention(self, x, token_embed, causal, weights, gates, rows, vocab=vocab, table=table)
 
 
 # --------------------------------------------------------------------------------------
@@ -317,14 +319,16 @@ class PriorBlockCore:
         causal: Float[Tensor, "query_pos key_pos"] | None = None,
         rows: Int[Tensor, "n_rows"] | None = None,
         vocab: tuple[Tensor, Tensor] | None = None,
+        table: tuple[Tensor, Tensor] | None = None,
     ) -> Float[Tensor, "batch pos_or_rows d_model"]:
         """``resid + attn(ln1(resid))`` then ``+ mlp(ln2(·))``. With ``causal`` (the additive mask):
         the fused path, no hooks (``rows``: only those query positions; ``vocab``: ``(tokens, W_E)``
-        of token inputs, for the priors); else every hook fires."""
+        of token inputs, for the priors; ``table``: the residual as a table over (token, position),
+        :func:`~circuitfade.model.fused.fused_block`); else every hook fires."""
         if causal is not None:
-            return fused_block(resid_pre, lambda h: self.attn.forward_fused(h, token_embed, causal, rows, vocab),
+            return fused_block(resid_pre, lambda h, t: self.attn.forward_fused(h, token_embed, causal, rows, vocab, t),
                                lambda h: layer_norm_unhooked(self.ln1, h), lambda h: layer_norm_unhooked(self.ln2, h),
-                               None if self.cfg.attn_only else self.mlp, rows)
+                               None if self.cfg.attn_only else self.mlp, rows, table)
         resid_pre = self.hook_resid_pre(resid_pre)  # [batch, pos, d_model]
         attn_out = self.hook_attn_out(self.attn.forward_prior(self.ln1(resid_pre), token_embed))
         if self.cfg.attn_only:
@@ -506,13 +510,14 @@ class SoftPriorCore:
         # (not after TransformerLens's post-embedding LayerNorm)
         exact = self.cfg.input_mode != "real" and not getattr(self.cfg, "post_embedding_ln", False)
         vocab = (tokens, self.W_E) if exact else None
-        blocks = [lambda resid, r, block=block: block(resid, embed, causal, r, vocab) for block in self.blocks]
+        blocks = [lambda resid, r, t, block=block: block(resid, embed, causal, r, vocab, t) for block in self.blocks]
         learned_pos = self.cfg.positional_embedding_type in ("standard", "shortformer")
         norm = self.cfg.normalization_type is not None
         return fused_logits(embed, blocks, self.unembed.W_U, self.unembed.b_U,
                             W_pos=self.pos_embed.W_pos if learned_pos else None,
                             ln_final=(lambda h: layer_norm_unhooked(self.ln_final, h)) if norm else None,
-                            rows=rows, stop_at_layer=stop_at_layer, logit_cap=self.cfg.output_logits_soft_cap)
+                            rows=rows, stop_at_layer=stop_at_layer, logit_cap=self.cfg.output_logits_soft_cap,
+                            vocab=vocab)
 
     def _causal(self, n: int, device) -> Tensor:
         """:func:`~circuitfade.model.fused.causal_mask` ``[n, n]``, cached."""

@@ -21,7 +21,8 @@ from torch import Tensor
 from circuitfade.model.priors import PriorInputs
 
 __all__ = ["ATTENTION_WEIGHTS", "PriorTerm", "causal_mask", "fused_block", "fused_logits", "fused_path_refusal",
-           "member_linear", "module_prior_term", "prior_attention", "rows_attention", "softcap"]
+           "member_linear", "module_prior_term", "prior_attention", "rows_attention", "softcap", "table_rows",
+           "token_position_table"]
 
 
 def fused_path_refusal(cfg) -> str | None:
@@ -38,7 +39,6 @@ def softcap(x: Tensor, cap) -> Tensor:
     if cap is None or not cap > 0:
         return x
     return cap * torch.tanh(x / cap)
-
 
 
 # --------------------------------------------------------------------------------------
@@ -71,6 +71,38 @@ def member_linear(x: Float[Tensor, "*lead rows d_in"], w: Float[Tensor, "*member
     E = w.shape[0]
     out = torch.baddbmm(b.reshape(E, 1, -1), x.reshape(E, -1, x.shape[-1]), w)
     return out.view(*x.shape[:-1], w.shape[-1])
+
+
+def token_position_table(
+    tokens: Int[Tensor, "*members batch pos"],
+    W_E: Float[Tensor, "*members d_vocab d_model"],
+    W_pos: Float[Tensor, "*members n_ctx d_model"] | None,
+) -> tuple[Tensor, Tensor] | None:
+    """The first block's input of token inputs as a table over (token, position), where that is
+    less work than the batch: ``(table, index)`` with ``table [*E, d_vocab · pos, d_model]``
+    (``W_E[v] + W_pos[p]``; ``W_E`` alone without learned positions) and ``index [*E, batch, pos]``,
+    so that ``table_rows(table, index) == W_E[tokens] + W_pos[:pos]`` bit for bit; ``None`` where
+    the table has no fewer rows than the batch has (token, position) pairs (with learned positions:
+    ``d_vocab >= batch``). The first block's LayerNorm and query-key-value product then run once
+    per table row (:func:`fused_block`)."""
+    V, (B, n) = W_E.shape[-2], tokens.shape[-2:]
+    if (V if W_pos is None else V * n) >= B * n:
+        return None
+    if W_pos is None:
+        return W_E, tokens
+    table = (W_E.unsqueeze(-2) + W_pos[..., None, :n, :]).flatten(-3, -2)  # [*E, V * n, d_model]
+    return table, tokens * n + torch.arange(n, device=tokens.device)
+
+
+def table_rows(table: Float[Tensor, "*members rows d"], index: Int[Tensor, "*members batch pos"]
+               ) -> Float[Tensor, "*members batch pos d"]:
+    """``table[index]`` (with a member axis, each member's rows from its own table; one lookup, so the
+    backward sums each row's gradients in the same order with or without the member axis)."""
+    if table.dim() == 2:
+        return table[index]
+    E, R = table.shape[:2]
+    offset = (torch.arange(E, device=index.device) * R).view(E, *(1,) * (index.dim() - 1))
+    return table.flatten(0, 1)[index + offset]
 
 
 def module_prior_term(name: str, prior: nn.Module, inputs: PriorInputs) -> tuple[Tensor, Tensor] | Tensor:
@@ -112,6 +144,7 @@ def prior_attention(
     rows: Int[Tensor, "n_rows"] | None = None,
     prior_term: PriorTerm = module_prior_term,
     vocab: tuple[Tensor, Tensor] | None = None,
+    table: tuple[Tensor, Tensor] | None = None,
 ) -> Float[Tensor, "*members batch pos_or_rows d_model"]:
     """The fused attention with priors (main paper, Eq. 1), per (member,) batch and head::
 
@@ -124,13 +157,19 @@ def prior_attention(
     ``x``, ``token_embed`` and the gates ``[E, head]`` have it too); ``gates[prior]``: ``[head]``;
     ``prior_term``: each prior's factors or bias on these inputs (:func:`module_prior_term`
     calls the prior module); ``vocab``: ``(tokens, W_E)`` where ``token_embed == W_E[tokens]``
-    (token inputs), handed to the priors (:class:`~circuitfade.model.priors.PriorInputs`).
+    (token inputs), handed to the priors (:class:`~circuitfade.model.priors.PriorInputs`);
+    ``table``: ``(x_table, index)`` with ``x == table_rows(x_table, index)`` (the first block, see
+    :func:`token_position_table`): the query-key-value product runs on the table's rows and is
+    looked up (the same values; the weights' gradients are summed per table row first, so they
+    round differently).
 
     With ``rows`` (query positions), queries, attention and the output are computed only at
     those positions, by :func:`rows_attention` (no key or value is computed). Not for priors that
     need the scores.
     """
     if rows is not None:
+        if table is not None:
+            raise ValueError("prior_attention: a table input goes with every query position (rows=None)")
         return rows_attention(attn, x, token_embed, causal, weights, gates, rows, prior_term, vocab)
     H, Dh = attn.cfg.n_heads, attn.cfg.d_head
     scale = attn.attn_scale
@@ -139,7 +178,8 @@ def prior_attention(
     b = torch.stack([W["b_Q"], W["b_K"], W["b_V"]], -3).flatten(-3)
     # q, k, v [*E, batch, head, pos, d_head] each (unbind on the q/k/v axis: the backward stacks
     # the three gradients straight into the product's layout)
-    q, k, v = (t.transpose(-3, -2) for t in member_linear(x, w, b).unflatten(-1, (3, H, Dh)).unbind(-3))
+    qkv = member_linear(x, w, b) if table is None else table_rows(member_linear(table[0], w, b), table[1])
+    q, k, v = (t.transpose(-3, -2) for t in qkv.unflatten(-1, (3, H, Dh)).unbind(-3))
     needs = any(p.needs_scores for p in attn.priors.values())
     scores = (q @ k.transpose(-1, -2)) / scale if needs else None
     tokens, W_E = vocab if vocab is not None else (None, None)
@@ -210,15 +250,23 @@ def rows_attention(
 
 def fused_block(
     resid: Float[Tensor, "*members batch pos d_model"],
-    attend: Callable[[Tensor], Tensor],
+    attend: Callable[[Tensor, "tuple[Tensor, Tensor] | None"], Tensor],
     ln1: Callable[[Tensor], Tensor],
     ln2: Callable[[Tensor], Tensor] | None = None,
     mlp: Callable[[Tensor], Tensor] | None = None,
     rows: Int[Tensor, "n_rows"] | None = None,
+    table: tuple[Tensor, Tensor] | None = None,
 ) -> Float[Tensor, "*members batch pos_or_rows d_model"]:
-    """A block on the fused path: ``resid + attend(ln1(resid))`` then ``+ mlp(ln2(·))`` (no MLP
-    when ``mlp`` is None); with ``rows``, the residual is kept at those positions only."""
-    attn_out = attend(ln1(resid))
+    """A block on the fused path: ``resid + attend(ln1(resid), None)`` then ``+ mlp(ln2(·))`` (no MLP
+    when ``mlp`` is None); with ``rows``, the residual is kept at those positions only. With
+    ``table`` (``(resid_table, index)``, ``resid == table_rows(resid_table, index)``: the first
+    block, :func:`token_position_table`) ``ln1`` runs once per table row and the attention gets
+    ``attend(h, (ln1(resid_table), index))``."""
+    if table is None:
+        attn_out = attend(ln1(resid), None)
+    else:
+        h_table = ln1(table[0])
+        attn_out = attend(table_rows(h_table, table[1]), (h_table, table[1]))
     resid = (resid if rows is None else resid[..., rows, :]) + attn_out
     if mlp is not None:
         resid = resid + mlp(ln2(resid))
@@ -227,7 +275,7 @@ def fused_block(
 
 def fused_logits(
     embed: Float[Tensor, "*members batch pos d_model"],
-    blocks: Sequence[Callable[[Tensor, Tensor | None], Tensor]],
+    blocks: Sequence[Callable[[Tensor, "Tensor | None", "tuple[Tensor, Tensor] | None"], Tensor]],
     W_U: Float[Tensor, "*members d_model d_vocab_out"],
     b_U: Float[Tensor, "*members d_vocab_out"],
     *,
@@ -236,9 +284,12 @@ def fused_logits(
     rows: Int[Tensor, "n_rows"] | None = None,
     stop_at_layer: int | None = None,
     logit_cap: float | None = None,
+    vocab: tuple[Tensor, Tensor] | None = None,
 ) -> Float[Tensor, "*members batch pos_or_rows d_vocab_out"]:
     """The model's fused forward from token embeddings: ``+ W_pos`` (learned positions), each
-    block ``blocks[i](resid, rows_or_None)`` (``rows`` in the last block only), ``ln_final``,
+    block ``blocks[i](resid, rows_or_None, table_or_None)`` (``rows`` in the last block only;
+    ``table`` in the first block where ``vocab = (tokens, W_E)`` is given, ``embed ==
+    W_E[tokens]``, and :func:`token_position_table` has one), ``ln_final``,
     unembedding (``F.linear``; with a member axis one ``baddbmm``), then ``logit_cap · tanh(logits /
     logit_cap)`` where ``logit_cap > 0`` (``output_logits_soft_cap``, as TransformerLens applies it).
     With ``stop_at_layer``: the residual stream before that block."""
@@ -249,8 +300,11 @@ def fused_logits(
         resid = embed + (pos if pos.dim() == 2 else pos.unsqueeze(-3))
     blocks = blocks[:stop_at_layer]
     last = len(blocks) - 1
+    table = None
+    if vocab is not None and blocks and not (last == 0 and rows is not None):
+        table = token_position_table(vocab[0], vocab[1], W_pos)
     for i, block in enumerate(blocks):
-        resid = block(resid, rows if i == last else None)
+        resid = block(resid, rows if i == last else None, table if i == 0 else None)
     if stop_at_layer is not None:
         return resid
     if ln_final is not None:

@@ -149,8 +149,8 @@ class StackedModel:
     def attention(self, layer: int, x: Float[Tensor, "E batch pos d_model"],
                   token_embed: Float[Tensor, "E batch pos d_model"], causal: Float[Tensor, "pos pos"],
                   rows: Int[Tensor, "rows"] | None, zero: Bool[Tensor, "E"] | None,
-                  override: GateValues | None = None, vocab: tuple[Tensor, Tensor] | None = None
-                  ) -> Float[Tensor, "E batch pos_or_rows d_model"]:
+                  override: GateValues | None = None, vocab: tuple[Tensor, Tensor] | None = None,
+                  table: tuple[Tensor, Tensor] | None = None) -> Float[Tensor, "E batch pos_or_rows d_model"]:
         """Block ``layer``'s attention: :func:`~circuitfade.model.fused.prior_attention` (the single
         model's fused attention) on the members' stacked weights, gates and prior terms."""
         attn = self.template.blocks[layer].attn
@@ -158,7 +158,7 @@ class StackedModel:
         weights = {name: self.params[pre + name] for name in ATTENTION_WEIGHTS}
         return prior_attention(attn, x, token_embed, causal, weights, self.gates(layer, zero, override), rows,
                                prior_term=lambda name, prior, inputs: self._prior_term(layer, name, prior, inputs),
-                               vocab=vocab)
+                               vocab=vocab, table=table)
 
     def _prior_term(self, layer: int, name: str, prior: nn.Module, inputs: PriorInputs):
         """Prior ``name``'s factors or bias for every member (``[E, ...]``), with the members' weights:
@@ -200,20 +200,21 @@ class StackedModel:
         causal = causal_mask(x.shape[2], x.device)
         vocab = (x, self.params["embed.W_E"]) if cfg.input_mode != "real" else None
 
-        def block(i: int, resid: Tensor, r: Tensor | None) -> Tensor:
+        def block(i: int, resid: Tensor, r: Tensor | None, table: tuple[Tensor, Tensor] | None) -> Tensor:
             b, pre = self.template.blocks[i], f"blocks.{i}."
-            return fused_block(resid, lambda h: self.attention(i, h, embed, causal, r, zero, gates, vocab),
+            return fused_block(resid, lambda h, t: self.attention(i, h, embed, causal, r, zero, gates, vocab, t),
                                lambda h: self._per_member(b.ln1, pre + "ln1.", h),
                                lambda h: self._per_member(b.ln2, pre + "ln2.", h),
-                               None if cfg.attn_only else (lambda h: self._per_member(b.mlp, pre + "mlp.", h)), r)
+                               None if cfg.attn_only else (lambda h: self._per_member(b.mlp, pre + "mlp.", h)), r,
+                               table)
 
         learned_pos = cfg.positional_embedding_type in ("standard", "shortformer")
         norm = cfg.normalization_type is not None
-        out = fused_logits(embed, [lambda resid, r, i=i: block(i, resid, r) for i in range(cfg.n_layers)],
+        out = fused_logits(embed, [lambda resid, r, t, i=i: block(i, resid, r, t) for i in range(cfg.n_layers)],
                            self.params["unembed.W_U"], self.params["unembed.b_U"],
                            W_pos=self.params["pos_embed.W_pos"] if learned_pos else None,
                            ln_final=(lambda h: self._per_member(self.template.ln_final, "ln_final.", h)) if norm else None,
-                           rows=rows, logit_cap=cfg.output_logits_soft_cap)
+                           rows=rows, logit_cap=cfg.output_logits_soft_cap, vocab=vocab)
         self._views = {}
         return out
 

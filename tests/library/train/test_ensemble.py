@@ -40,7 +40,7 @@ TASK = {"name": "assoc", "n_pairs": 6, "n_keys": 8, "n_values": 8, "d_vocab": 16
 def members(steps: int, model=None, task=None, **train_kw) -> list[RunConfig]:
     """Three members that differ in everything a member may differ in: gate path (scheduled,
     learned, fixed), seed, lr, weight decay, clipping norm."""
-    tc = dict(steps=steps, eval_every=steps, eval_size=8, batch_size=8, checkpoint_every=10_000, **train_kw)
+    tc = {**dict(steps=steps, eval_every=steps, eval_size=8, batch_size=8, checkpoint_every=10_000), **train_kw}
     model = TINY if model is None else model
     task = TASK if task is None else task
     per = [("fade3+4->0", 0, {}), ("unforced", 1, {"lr": 3e-3}),
@@ -105,6 +105,7 @@ VARIANTS = {
     "prior dropout and dual loss, MLP blocks": dict(model={**TINY, "attn_only": False, "d_mlp": 32},
                                                     prior_dropout=0.5, dual_loss=True),
     "soft-capped logits": dict(model={**TINY, "output_logits_soft_cap": 0.5}),
+    "a batch larger than the vocabulary (the first block on a token-position table)": dict(batch_size=24),
 }
 
 
@@ -114,7 +115,8 @@ def blas_batches_like_single() -> bool:
     passes): what bit-identity rests on. MKL on x86 does; where it does not, members still
     match to 1e-5 (the tolerance test below)."""
     g = torch.Generator().manual_seed(0)
-    for m, k, n in [(104, 16, 48), (104, 16, 32), (8, 16, 16), (8, 16, 32), (16, 104, 48), (16, 8, 16), (104, 16, 16)]:
+    for m, k, n in [(104, 16, 48), (104, 16, 32), (8, 16, 16), (8, 16, 32), (16, 104, 48), (16, 8, 16), (104, 16, 16),
+                    (208, 16, 48), (16, 208, 48)]:
         a, b = torch.randn(3, m, k, generator=g), torch.randn(3, k, n, generator=g)
         at = torch.randn(3, k, m, generator=g).transpose(1, 2)
         if not all(torch.equal(torch.bmm(a, b)[e], a[e] @ b[e]) and torch.equal(torch.bmm(at, b)[e], at[e] @ b[e])

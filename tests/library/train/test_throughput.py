@@ -380,3 +380,37 @@ def test_the_trainer_keeps_freed_memory_for_reuse_unless_told_not_to(tmp_path):
                              env={**os.environ, **env, "PYTHONPATH": str(REPO)})
         assert out.returncode == 0, out.stderr[-1500:]
         assert out.stdout.split() == [str(want)] * 2
+
+
+@pytest.mark.parametrize("kw", [{}, {"positional_embedding_type": "standard"}, {"attn_only": False, "d_mlp": 32}])
+def test_the_first_block_on_a_token_position_table_computes_the_same_logits(kw, monkeypatch):
+    """With more examples than vocabulary entries the first block's LayerNorm and query-key-value
+    product run once per (token, position) and are looked up: the logits are those of the batch
+    computed row by row, bit for bit; the gradients are summed per table row first (within 1e-5
+    of the largest gradient; the key bias's is rounding alone, as softmax ignores it), and the table is really used (a batch smaller than the vocabulary has none)."""
+    from circuitfade.model import fused
+
+    task = AssocRecall()
+    batch = task.sample(64, torch.Generator().manual_seed(3))  # 64 examples > 32 vocabulary entries
+    m = make_model(seed=1, **kw)
+    built = []
+    table = fused.token_position_table
+    monkeypatch.setattr(fused, "token_position_table", lambda *a: built.append(table(*a)) or built[-1])
+    loss, grads = _loss_and_grads(m, batch, task, fast=True)
+    with torch.no_grad():
+        logits = m(batch.model_input)
+    assert built and all(t is not None for t in built)
+    rows_n = built[0][0].shape[0]
+    assert rows_n == (32 if kw.get("positional_embedding_type") != "standard" else 32 * 31)
+    monkeypatch.setattr(fused, "token_position_table", lambda *a: None)
+    ref_loss, ref_grads = _loss_and_grads(m, batch, task, fast=True)
+    with torch.no_grad():
+        ref = m(batch.model_input)
+    assert torch.equal(logits, ref) and torch.equal(loss, ref_loss)
+    scale = max(g.abs().max().item() for g in ref_grads.values())
+    for n, g in ref_grads.items():
+        torch.testing.assert_close(grads[n], g, atol=1e-5 * scale, rtol=0, msg=n)
+    tokens = batch.model_input
+    assert table(tokens[:16], m.W_E, torch.zeros(31, 64)) is None  # 16 examples x 31 positions < 32 x 31 pairs
+    assert table(tokens[:1], m.W_E, None) is None  # 31 positions < 32 tokens
+    assert table(tokens[:2], m.W_E, None) is not None
