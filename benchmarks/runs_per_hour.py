@@ -12,7 +12,10 @@ wall times, the ratio baseline / this code (> 1: this code is faster), the
 implied runs per hour, and the median peak memory.
 
     python benchmarks/runs_per_hour.py [--baseline 4932890] [--pairs 3] [--steps 3600] [--path fade600->0]
-                                       [--out results/benchmarks/runs_per_hour.json]
+                                       [--current-args="--compile"] [--out results/benchmarks/runs_per_hour.json]
+
+``--current-args`` adds options to this code's command only (e.g. ``--compile``: its warm-up run
+then fills TorchInductor's cache on disk, so the timed runs compile with the cache warm).
 
 Every figure is written to ``--out`` (JSON) and the table the docs include beside it (``.md``).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -36,10 +40,11 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = "4932890"  # main when the answer-position path was started
 
 
-def run_once(tree: Path, out: Path, args: argparse.Namespace) -> dict:
-    """Train one run with the code in ``tree``; wall seconds, peak RSS (MiB) and final metrics."""
+def run_once(tree: Path, out: Path, args: argparse.Namespace, extra: list[str] = ()) -> dict:
+    """Train one run with the code in ``tree`` (``extra``: more options of ``circuitfade train``);
+    wall seconds, peak RSS (MiB) and final metrics."""
     cmd = [args.python, "-m", "circuitfade", "train", "--steps", str(args.steps), "--path", args.path,
-           "--seed", str(args.seed), "--out", str(out), "--quiet"]
+           "--seed", str(args.seed), "--out", str(out), "--quiet", *extra]
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -63,6 +68,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--path", default="fade600->0", help="gate path of the run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--python", default=sys.executable, help="interpreter for both trees")
+    ap.add_argument("--current-args", default="", help="options added to this code's `circuitfade train` only "
+                                                       "(e.g. --current-args=--compile)")
     ap.add_argument("--out", help="the JSON written with every figure, and the markdown beside it "
                                     "(default: results/benchmarks/runs_per_hour.json in the repository)")
     ap.add_argument("--target", type=float, default=None,
@@ -85,16 +92,17 @@ def main(argv=None) -> dict:
                        check=True, capture_output=True, text=True)
         try:
             trees = {"baseline": base, "current": REPO}
+            extra = {"baseline": [], "current": shlex.split(args.current_args)}
             results: dict[str, list[dict]] = {"baseline": [], "current": []}
             # untimed warm-up of each tree: byte-compiles the fresh checkout and warms the file cache,
             # which would otherwise land on the first timed run only
             warm = argparse.Namespace(**{**vars(args), "steps": 2})
             for name, tree in trees.items():
-                run_once(tree, tmp / f"warmup-{name}", warm)
+                run_once(tree, tmp / f"warmup-{name}", warm, extra[name])
             for i in range(args.pairs):
                 order = ["baseline", "current"] if i % 2 == 0 else ["current", "baseline"]
                 for name in order:
-                    r = run_once(trees[name], tmp / f"{name}-{i}", args)
+                    r = run_once(trees[name], tmp / f"{name}-{i}", args, extra[name])
                     results[name].append(r)
                     print(f"pair {i + 1} {name:8s} {r['wall_s']:7.1f} s  peak {r['rss_mib']:6.0f} MiB  "
                           f"acc_normal {r['acc_normal']:.3f}  acc_zero {r['acc_zero']:.3f}", flush=True)
@@ -112,7 +120,7 @@ def main(argv=None) -> dict:
           f"(pairs: {', '.join(f'{r:.2f}' for r in pair_ratios)}; target >= {args.target or TARGET_SPEEDUP} on "
           f"full-length runs)")
     result = {"command": command_line(__file__, argv), "baseline": args.baseline, "steps": args.steps, "path": args.path,
-              "seed": args.seed, "target": args.target or TARGET_SPEEDUP, "median_s": med, "peak_rss_mib": rss, "pair_ratios": pair_ratios,
+              "seed": args.seed, "current_args": args.current_args, "target": args.target or TARGET_SPEEDUP, "median_s": med, "peak_rss_mib": rss, "pair_ratios": pair_ratios,
               "runs": {n: [{k: v for k, v in r.items() if k != "stdout"} for r in rs] for n, rs in results.items()}}
     write_outputs(args.out, result, markdown(result))
     return result
@@ -141,8 +149,9 @@ def markdown(res: dict) -> str:
     target = res.get("target", TARGET_SPEEDUP)
     met = "met" if ratio >= target else "**not met**"
     mem = "below" if rss["current"] < rss["baseline"] else "**not below**"
+    current = "this code" + (f" with `{res['current_args']}`" if res.get("current_args") else "")
     lines = [f"`{res['command']}` ({res['steps']} steps, `{res['path']}`, seed {res['seed']}; previous release "
-             f"`{res['baseline']}`):", "", "| | previous release | this code |", "|---|---|---|",
+             f"`{res['baseline']}`):", "", f"| | previous release | {current} |", "|---|---|---|",
              f"| wall time per run, median (runs) | {med['baseline']:.1f} s ({walls('baseline')}) | "
              f"{med['current']:.1f} s ({walls('current')}) |",
              f"| runs per hour (one process) | {3600 / med['baseline']:.1f} | {3600 / med['current']:.1f} |",
