@@ -57,7 +57,7 @@ from circuitfade.model.fused import (
     prior_attention,
     softcap,
 )
-from circuitfade.model.priors import PriorInputs, build_prior
+from circuitfade.model.priors import PriorInputs, build_prior, lookup
 
 __all__ = ["PriorAttentionCore", "PriorBlockCore", "SoftPriorCore", "check_gate_value", "gate_tensor",
            "logits_at_all_positions", "attention_scale", "next_token_loss", "layer_norm_unhooked"]
@@ -504,11 +504,12 @@ class SoftPriorCore:
     def _fused_logits(self, tokens: Tensor, rows: Tensor | None, stop_at_layer: int | None) -> Tensor:
         """The fused path (:func:`~circuitfade.model.fused.fused_logits` on this model's weights): logits, or the residual
         stream before block ``stop_at_layer``."""
-        embed = self._embed(tokens)
-        causal = self._causal(tokens.shape[1], tokens.device)
-        # the priors may look the token embedding up per vocabulary entry only where it is W_E[tokens]
-        # (not after TransformerLens's post-embedding LayerNorm)
+        # the token embedding is W_E[tokens] for token inputs, except after TransformerLens's post-embedding
+        # LayerNorm; then it is one index_select (the same values as the module, a faster backward), and
+        # the priors may look it up per vocabulary entry
         exact = self.cfg.input_mode != "real" and not getattr(self.cfg, "post_embedding_ln", False)
+        embed = lookup(self.W_E, tokens) if exact else self._embed(tokens)
+        causal = self._causal(tokens.shape[1], tokens.device)
         vocab = (tokens, self.W_E) if exact else None
         blocks = [lambda resid, r, t, block=block: block(resid, embed, causal, r, vocab, t) for block in self.blocks]
         learned_pos = self.cfg.positional_embedding_type in ("standard", "shortformer")

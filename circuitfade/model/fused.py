@@ -18,11 +18,10 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from circuitfade.model.priors import PriorInputs
+from circuitfade.model.priors import PriorInputs, lookup
 
 __all__ = ["ATTENTION_WEIGHTS", "PriorTerm", "causal_mask", "fused_block", "fused_logits", "fused_path_refusal",
-           "member_linear", "module_prior_term", "prior_attention", "rows_attention", "softcap", "table_rows",
-           "token_position_table"]
+           "member_linear", "module_prior_term", "prior_attention", "rows_attention", "softcap", "token_position_table"]
 
 
 def fused_path_refusal(cfg) -> str | None:
@@ -81,7 +80,7 @@ def token_position_table(
     """The first block's input of token inputs as a table over (token, position), where that is
     less work than the batch: ``(table, index)`` with ``table [*E, d_vocab · pos, d_model]``
     (``W_E[v] + W_pos[p]``; ``W_E`` alone without learned positions) and ``index [*E, batch, pos]``,
-    so that ``table_rows(table, index) == W_E[tokens] + W_pos[:pos]`` bit for bit; ``None`` where
+    so that ``lookup(table, index) == W_E[tokens] + W_pos[:pos]`` bit for bit; ``None`` where
     the table has no fewer rows than the batch has (token, position) pairs (with learned positions:
     ``d_vocab >= batch``). The first block's LayerNorm and query-key-value product then run once
     per table row (:func:`fused_block`)."""
@@ -92,17 +91,6 @@ def token_position_table(
         return W_E, tokens
     table = (W_E.unsqueeze(-2) + W_pos[..., None, :n, :]).flatten(-3, -2)  # [*E, V * n, d_model]
     return table, tokens * n + torch.arange(n, device=tokens.device)
-
-
-def table_rows(table: Float[Tensor, "*members rows d"], index: Int[Tensor, "*members batch pos"]
-               ) -> Float[Tensor, "*members batch pos d"]:
-    """``table[index]`` (with a member axis, each member's rows from its own table; one lookup, so the
-    backward sums each row's gradients in the same order with or without the member axis)."""
-    if table.dim() == 2:
-        return table[index]
-    E, R = table.shape[:2]
-    offset = (torch.arange(E, device=index.device) * R).view(E, *(1,) * (index.dim() - 1))
-    return table.flatten(0, 1)[index + offset]
 
 
 def module_prior_term(name: str, prior: nn.Module, inputs: PriorInputs) -> tuple[Tensor, Tensor] | Tensor:
@@ -158,7 +146,7 @@ def prior_attention(
     ``prior_term``: each prior's factors or bias on these inputs (:func:`module_prior_term`
     calls the prior module); ``vocab``: ``(tokens, W_E)`` where ``token_embed == W_E[tokens]``
     (token inputs), handed to the priors (:class:`~circuitfade.model.priors.PriorInputs`);
-    ``table``: ``(x_table, index)`` with ``x == table_rows(x_table, index)`` (the first block, see
+    ``table``: ``(x_table, index)`` with ``x == lookup(x_table, index)`` (the first block, see
     :func:`token_position_table`): the query-key-value product runs on the table's rows and is
     looked up (the same values; the weights' gradients are summed per table row first, so they
     round differently).
@@ -178,7 +166,7 @@ def prior_attention(
     b = torch.stack([W["b_Q"], W["b_K"], W["b_V"]], -3).flatten(-3)
     # q, k, v [*E, batch, head, pos, d_head] each (unbind on the q/k/v axis: the backward stacks
     # the three gradients straight into the product's layout)
-    qkv = member_linear(x, w, b) if table is None else table_rows(member_linear(table[0], w, b), table[1])
+    qkv = member_linear(x, w, b) if table is None else lookup(member_linear(table[0], w, b), table[1])
     q, k, v = (t.transpose(-3, -2) for t in qkv.unflatten(-1, (3, H, Dh)).unbind(-3))
     needs = any(p.needs_scores for p in attn.priors.values())
     scores = (q @ k.transpose(-1, -2)) / scale if needs else None
@@ -259,14 +247,14 @@ def fused_block(
 ) -> Float[Tensor, "*members batch pos_or_rows d_model"]:
     """A block on the fused path: ``resid + attend(ln1(resid), None)`` then ``+ mlp(ln2(·))`` (no MLP
     when ``mlp`` is None); with ``rows``, the residual is kept at those positions only. With
-    ``table`` (``(resid_table, index)``, ``resid == table_rows(resid_table, index)``: the first
+    ``table`` (``(resid_table, index)``, ``resid == lookup(resid_table, index)``: the first
     block, :func:`token_position_table`) ``ln1`` runs once per table row and the attention gets
     ``attend(h, (ln1(resid_table), index))``."""
     if table is None:
         attn_out = attend(ln1(resid), None)
     else:
         h_table = ln1(table[0])
-        attn_out = attend(table_rows(h_table, table[1]), (h_table, table[1]))
+        attn_out = attend(lookup(h_table, table[1]), (h_table, table[1]))
     resid = (resid if rows is None else resid[..., rows, :]) + attn_out
     if mlp is not None:
         resid = resid + mlp(ln2(resid))

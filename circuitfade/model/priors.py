@@ -63,6 +63,20 @@ class PriorInputs:
     W_E: Float[Tensor, "d_vocab d_model"] | None = None
 
 
+def lookup(table: Float[Tensor, "*members rows d"], index: Int[Tensor, "*members ..."]) -> Float[Tensor, "*members ... d"]:
+    """``table[index]``: the rows of ``table`` named by ``index`` (any shape), as one ``index_select``
+    (on one CPU thread several times faster than advanced indexing, forward and backward, with the
+    same values and the same gradients: both sum a row's gradients in the order of ``index``). With
+    a member axis (``table [E, rows, d]``, ``index [E, ...]``) each member's rows come from its own
+    table, in the same one lookup."""
+    if table.dim() == 2:
+        return table.index_select(0, index.reshape(-1)).view(*index.shape, table.shape[-1])
+    E, R = table.shape[:2]
+    offset = (torch.arange(E, device=index.device) * R).view(E, *(1,) * (index.dim() - 1))
+    return table.reshape(E * R, table.shape[-1]).index_select(0, (index + offset).reshape(-1)).view(
+        *index.shape, table.shape[-1])
+
+
 def per_token(inputs: PriorInputs, w: Float[Tensor, "*members d_model n"]) -> Float[Tensor, "*members batch pos n"]:
     """``token_embed @ w``, computed once per vocabulary entry and looked up where that is less
     work (``inputs.tokens`` known and ``d_vocab < batch * pos``): ``(W_E @ w)[tokens]``, the same
@@ -75,12 +89,7 @@ def per_token(inputs: PriorInputs, w: Float[Tensor, "*members d_model n"]) -> Fl
             return e @ w
         # [E, batch, pos, d_model] @ [E, d_model, n], one bmm
         return torch.bmm(e.reshape(w.shape[0], -1, e.shape[-1]), w).view(*e.shape[:-1], w.shape[-1])
-    if w.dim() == 2:
-        return (W_E @ w)[tokens]
-    table = torch.bmm(W_E, w)  # [E, d_vocab, n]
-    E, V = table.shape[:2]
-    offset = (torch.arange(E, device=tokens.device) * V).view(E, *([1] * (tokens.dim() - 1)))
-    return table.reshape(E * V, table.shape[-1])[tokens + offset]
+    return lookup(W_E @ w if w.dim() == 2 else torch.bmm(W_E, w), tokens)  # table [*E, d_vocab, n]
 
 
 class AttentionPrior(nn.Module):

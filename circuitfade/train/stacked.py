@@ -23,7 +23,7 @@ from torch.optim.adamw import adamw as adamw_step
 
 from circuitfade.model import SoftPriorTransformer
 from circuitfade.model.fused import ATTENTION_WEIGHTS, causal_mask, fused_block, fused_logits, prior_attention
-from circuitfade.model.priors import PriorInputs
+from circuitfade.model.priors import PriorInputs, lookup
 
 __all__ = ["StackedModel", "BatchedAdamW", "GateValues"]
 
@@ -141,10 +141,7 @@ class StackedModel:
         if self.cfg.input_mode == "real":
             W = self.params["embed.W_E"]  # [E, d_in, d_model]
             return torch.bmm(x.reshape(E, -1, x.shape[-1]), W).view(*x.shape[:-1], W.shape[-1])
-        W = self.params["embed.W_E"]  # [E, d_vocab, d_model]
-        V = W.shape[1]
-        offset = (torch.arange(E, device=x.device) * V).view(E, 1, 1)
-        return W.reshape(E * V, W.shape[-1])[x + offset]  # [E, batch, pos, d_model]
+        return lookup(self.params["embed.W_E"], x)  # W_E [E, d_vocab, d_model] -> [E, batch, pos, d_model]
 
     def attention(self, layer: int, x: Float[Tensor, "E batch pos d_model"],
                   token_embed: Float[Tensor, "E batch pos d_model"], causal: Float[Tensor, "pos pos"],

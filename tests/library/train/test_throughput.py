@@ -414,3 +414,26 @@ def test_the_first_block_on_a_token_position_table_computes_the_same_logits(kw, 
     assert table(tokens[:16], m.W_E, torch.zeros(31, 64)) is None  # 16 examples x 31 positions < 32 x 31 pairs
     assert table(tokens[:1], m.W_E, None) is None  # 31 positions < 32 tokens
     assert table(tokens[:2], m.W_E, None) is not None
+
+
+def test_lookup_is_advanced_indexing_in_values_and_gradients_bit_for_bit():
+    """``lookup`` (one index_select) returns ``table[index]`` and gives the same gradient, with and
+    without a member axis (each member's rows from its own table), repeated indices included."""
+    from circuitfade.model.priors import lookup
+
+    g = torch.Generator().manual_seed(0)
+    for table_shape, index_shape in [((32, 8), (5, 7)), ((3, 32, 8), (3, 5, 7))]:
+        table = torch.randn(table_shape, generator=g, requires_grad=True)
+        index = torch.randint(0, 32, index_shape, generator=g)
+        index[..., 0, :] = 4  # one row gathered many times
+        upstream = torch.randn(*index_shape, 8, generator=g)
+        ref_table = table.detach().clone().requires_grad_(True)
+        if table.dim() == 2:
+            ref = ref_table[index]
+        else:
+            ref = torch.stack([ref_table[e][index[e]] for e in range(table_shape[0])])
+        out = lookup(table, index)
+        assert torch.equal(out, ref)
+        out.backward(upstream)
+        ref.backward(upstream)
+        assert torch.equal(table.grad, ref_table.grad)
