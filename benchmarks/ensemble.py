@@ -277,17 +277,20 @@ def bench_figure(res: dict, stem: Path) -> None:
                         line={"dash": dash})
     fig.add_hline(y=1.0, line={"color": "grey", "dash": "dash"}, annotation_text="sequential trainer")
     ceiling = (res.get("step_costs") or {}).get("ceiling_at_64")
+    above = ceiling is not None and ceiling >= TARGET  # the higher line's label above it, the lower's below
     if ceiling:
-        fig.add_hline(y=ceiling, line={"color": "firebrick", "dash": "dash"}, annotation_position="bottom left",
+        fig.add_hline(y=ceiling, line={"color": "firebrick", "dash": "dash"},
+                      annotation_position="top right" if above else "bottom left",
                       annotation_text=f"ceiling from the fixed part of a step ({ceiling:.2f}x)")
-    fig.add_hline(y=TARGET, line={"color": "seagreen", "dash": "dot"}, annotation_position="top left",
+    fig.add_hline(y=TARGET, line={"color": "seagreen", "dash": "dot"},
+                  annotation_position="bottom left" if above else "top left",
                   annotation_text=f"target at E = 16 ({TARGET}x)")
     labels = [f"{n}<br>({res['ensemble'][str(n)]['rounds']} round{'s' if res['ensemble'][str(n)]['rounds'] > 1 else ''})"
               for n in sizes]
     fig.update_layout(title=f"Runs per hour of the ensemble trainer relative to the sequential one ({res['device']}, "
                             "one thread)", xaxis={"title": "ensemble size E", "type": "log", "tickvals": sizes,
                                                   "ticktext": labels},
-                      yaxis={"title": "runs/hour ratio", "range": [0, max(1.75, 1.1 * max(
+                      yaxis={"title": "runs/hour ratio", "range": [0, max(1.75, 1.12 * (ceiling or 0), 1.1 * max(
                           max(e["ratio_cpu"], e["ratio_wall"]) for e in res["ensemble"].values()))]}, template="plotly_white",
                       legend={"orientation": "h", "y": -0.25}, height=450)
     save_figure(fig, stem)

@@ -504,9 +504,9 @@ class SoftPriorCore:
     def _fused_logits(self, tokens: Tensor, rows: Tensor | None, stop_at_layer: int | None) -> Tensor:
         """The fused path (:func:`~circuitfade.model.fused.fused_logits` on this model's weights): logits, or the residual
         stream before block ``stop_at_layer``."""
-        # the token embedding is W_E[tokens] for token inputs, except after TransformerLens's post-embedding
-        # LayerNorm; then it is one index_select (the same values as the module, a faster backward), and
-        # the priors may look it up per vocabulary entry
+        # token inputs without TransformerLens's post-embedding LayerNorm: the token embedding is W_E[tokens],
+        # read by one index_select (the module's values, a faster backward), and the priors may look it up
+        # per vocabulary entry
         exact = self.cfg.input_mode != "real" and not getattr(self.cfg, "post_embedding_ln", False)
         embed = lookup(self.W_E, tokens) if exact else self._embed(tokens)
         causal = self._causal(tokens.shape[1], tokens.device)
