@@ -283,6 +283,22 @@ def test_soft_caps_apply_on_every_path_as_transformer_lens_applies_them(cap, tok
         assert fused.abs().max() < 0.5 and hooked.abs().max() < 0.5
 
 
+@pytest.mark.skipif(is_tl4(), reason="the 4.x line's plain model has no shortformer positions to compare with")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="shortformer positions are added to the residual "
+                   "stream, not to the queries' and keys' inputs as TransformerLens adds them (docs/model.md)")
+def test_shortformer_positions_are_transformer_lens_s_at_zero_gates(tokens):
+    """At zero gates a shortformer model equals the plain TransformerLens model (standard positions,
+    the control, do)."""
+    torch.manual_seed(0)
+    for pos in ("standard", "shortformer"):
+        model = SoftPriorTransformer(SoftPriorConfig.base(positional_embedding_type=pos))
+        with torch.no_grad(), model.gates(pos=0.0, content=0.0):
+            fused = model(tokens)
+        with torch.no_grad():
+            ref = plain(model)(tokens)
+        torch.testing.assert_close(fused, ref, atol=1e-5, rtol=0, msg=pos)
+
+
 @pytest.mark.skipif(is_tl4(), reason="post_embedding_ln is a TransformerLens 3.x option (the native shell refuses it)")
 def test_the_fused_path_reads_the_embedding_after_a_post_embedding_layer_norm(tokens):
     """With post_embedding_ln the token embedding is not W_E[tokens], so the content prior must not
