@@ -267,8 +267,9 @@ class Ensemble:
                 self.runs[i].step += 1
         if t0 is not None:
             self._compiling = False
+            seconds = time.perf_counter() - t0
             for i in self.active:
-                self.runs[i].compile_seconds = time.perf_counter() - t0
+                self.runs[i].compile_seconds = seconds
         return lvs, nvs
 
     def _losses(self, x: Tensor, rows: Tensor | None, batches: Sequence[Batch], task: Task,
