@@ -21,7 +21,8 @@ from torch import Tensor
 from circuitfade.model.priors import PriorInputs, lookup
 
 __all__ = ["ATTENTION_WEIGHTS", "PriorTerm", "causal_mask", "fused_block", "fused_logits", "fused_path_refusal",
-           "member_linear", "module_prior_term", "prior_attention", "rows_attention", "softcap", "token_position_table"]
+           "member_linear", "module_prior_term", "prior_attention", "rows_attention", "softcap", "table_qkv",
+           "token_position_table"]
 
 
 def fused_path_refusal(cfg) -> str | None:
@@ -106,11 +107,15 @@ def _head_gate(g: Float[Tensor, "*members head"]) -> Tensor:
 
 
 def _prior_terms(attn: nn.Module, inputs: PriorInputs, gates: Mapping[str, Tensor], prior_term: PriorTerm,
-                 dtype: torch.dtype, rows: Tensor | None) -> tuple[list[tuple[Tensor, Tensor]], Tensor | None]:
-    """Each prior's gated term on ``inputs``: low-rank priors as factor pairs ``(g·a, b)``
-    (``B = a b^T``), the others summed into one bias ``Σ g·B`` (``None`` if there is none)."""
+                 dtype: torch.dtype, rows: Tensor | None,
+                 skip: frozenset = frozenset()) -> tuple[list[tuple[Tensor, Tensor]], Tensor | None]:
+    """Each prior's gated term on ``inputs`` (the priors named in ``skip`` left out): low-rank
+    priors as factor pairs ``(g·a, b)`` (``B = a b^T``), the others summed into one bias ``Σ g·B``
+    (``None`` if there is none)."""
     factors, bias = [], None
     for name, prior in attn.priors.items():
+        if name in skip:
+            continue
         g = _head_gate(gates[name].to(dtype))
         term = prior_term(name, prior, inputs)
         if isinstance(term, tuple):
@@ -120,6 +125,42 @@ def _prior_terms(attn: nn.Module, inputs: PriorInputs, gates: Mapping[str, Tenso
             term = term[..., rows, :]  # a prior that ignores query_index: keep the rows asked for
         bias = g * term if bias is None else bias + g * term
     return factors, bias
+
+
+def table_qkv(attn: nn.Module, table: tuple[Tensor, Tensor], w: Tensor, b: Tensor, W_E: Tensor,
+               gates: Mapping[str, Tensor], prior_term: PriorTerm) -> tuple[Tensor, Tensor, Tensor, frozenset]:
+    """The first block's queries (already divided by the attention scale), keys and values
+    ``[*E, batch, head, pos, d]``, each looked up per head from a table over the first block's
+    input rows (:func:`token_position_table`), with the gated factors of the priors whose factors
+    are per-token (:attr:`~circuitfade.model.priors.AttentionPrior.token_factors`) computed once
+    per vocabulary entry and stored beside the queries and keys as extra columns; and the names of
+    those priors. The values equal the batch computation's (each entry is the same elementwise
+    operation on the same product); the lookups return each head's rows contiguously, so nothing
+    is concatenated or copied at batch size."""
+    H, Dh = attn.cfg.n_heads, attn.cfg.d_head
+    x_table, index = table
+    R, V = x_table.shape[-2], W_E.shape[-2]
+    qkv = member_linear(x_table, w, b).unflatten(-1, (3, H, Dh)).movedim(-2, -4)  # [*E, head, R, 3, d_head]
+    q, k, v = qkv.unbind(-2)  # [*E, head, R, d_head] each
+    qs, ks = [q / attn.attn_scale], [k]
+    e = W_E.unsqueeze(-3)  # the vocabulary as one example of V positions: [*E, 1, V, d_model]
+    rows_of = PriorInputs(e, e, None)
+    folded = []
+    for name, prior in attn.priors.items():
+        if not getattr(prior, "token_factors", False):
+            continue
+        a, bk = prior_term(name, prior, rows_of)  # [*E, 1, head, V, r]
+        a, bk = (a * _head_gate(gates[name].to(q.dtype))).squeeze(-4), bk.squeeze(-4)  # [*E, head, V, r]
+        if R != V:  # a (token, position) table: row t * n + p has token t
+            a, bk = a.repeat_interleave(R // V, -2), bk.repeat_interleave(R // V, -2)
+        qs.append(a)
+        ks.append(bk)
+        folded.append(name)
+    # row index per head: head h's rows start at h * R in the flattened [*E, head * R, d] table
+    idx = index.unsqueeze(-2) + (torch.arange(H, device=index.device) * R).unsqueeze(-1)  # [*E, batch, head, pos]
+    q = lookup((torch.cat(qs, -1) if len(qs) > 1 else qs[0]).flatten(-3, -2), idx)
+    k = lookup((torch.cat(ks, -1) if len(ks) > 1 else ks[0]).flatten(-3, -2), idx)
+    return q, k, lookup(v.flatten(-3, -2), idx), frozenset(folded)
 
 
 def prior_attention(
@@ -149,7 +190,11 @@ def prior_attention(
     ``table``: ``(x_table, index)`` with ``x == lookup(x_table, index)`` (the first block, see
     :func:`token_position_table`): the query-key-value product runs on the table's rows and is
     looked up (the same values; the weights' gradients are summed per table row first, so they
-    round differently).
+    round differently). With token inputs (``vocab``) and no prior that needs the scores, the
+    table also holds the per-token priors' factors and is read per head (:func:`table_qkv`): no
+    concatenation at batch size. (A prior with factors that are not per-token then adds its
+    columns after those: where it comes before a per-token one in ``attn.priors``, the scores
+    sum in another order than without a table and may differ by rounding.)
 
     With ``rows`` (query positions), queries, attention and the output are computed only at
     those positions, by :func:`rows_attention` (no key or value is computed). Not for priors that
@@ -164,17 +209,23 @@ def prior_attention(
     W = weights
     w = torch.stack([W["W_Q"], W["W_K"], W["W_V"]], -4).movedim(-2, -4).flatten(-3)  # [*E, d_model, 3*head*d_head]
     b = torch.stack([W["b_Q"], W["b_K"], W["b_V"]], -3).flatten(-3)
-    # q, k, v [*E, batch, head, pos, d_head] each (unbind on the q/k/v axis: the backward stacks
-    # the three gradients straight into the product's layout)
-    qkv = member_linear(x, w, b) if table is None else lookup(member_linear(table[0], w, b), table[1])
-    q, k, v = (t.transpose(-3, -2) for t in qkv.unflatten(-1, (3, H, Dh)).unbind(-3))
-    needs = any(p.needs_scores for p in attn.priors.values())
-    scores = (q @ k.transpose(-1, -2)) / scale if needs else None
     tokens, W_E = vocab if vocab is not None else (None, None)
+    needs = any(p.needs_scores for p in attn.priors.values())
+    folded, on_table = frozenset(), table is not None and W_E is not None and not needs
+    if on_table:
+        # the first block of token inputs: q (scaled), k with the per-token factors, v, per head
+        q, k, v, folded = table_qkv(attn, table, w, b, W_E, gates, prior_term)
+    else:
+        # q, k, v [*E, batch, head, pos, d_head] each (unbind on the q/k/v axis: the backward stacks
+        # the three gradients straight into the product's layout)
+        qkv = member_linear(x, w, b) if table is None else lookup(member_linear(table[0], w, b), table[1])
+        q, k, v = (t.transpose(-3, -2) for t in qkv.unflatten(-1, (3, H, Dh)).unbind(-3))
+    scores = (q @ k.transpose(-1, -2)) / scale if needs else None
     inputs = PriorInputs(token_embed, x, scores, tokens=tokens, W_E=W_E)
-    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, None)
+    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, None, skip=folded)
     mask = causal if bias is None else bias + causal  # [*E, batch_or_1, head, q, k]
-    q = q / scale
+    if not on_table:
+        q = q / scale
     if factors:  # low-rank priors: extra query-key columns
         q, k = torch.cat([q] + [a for a, _ in factors], -1), torch.cat([k] + [b for _, b in factors], -1)
     # no row is fully masked (the diagonal is always visible), so a plain softmax is exact

@@ -103,6 +103,11 @@ class AttentionPrior(nn.Module):
 
     name: str = "prior"
     needs_scores: bool = False
+    token_factors: bool = False
+    """``True`` where :meth:`factors` at each position is a function of that position's token
+    embedding alone (not of its position, the residual stream or other positions): the fused
+    path may then compute the factors once per vocabulary entry (on ``token_embed = W_E`` as one
+    example of ``d_vocab`` positions, ``resid`` the same tensor, no ``tokens``) and look them up."""
 
     def __init__(self, cfg, layer: int):
         super().__init__()
@@ -191,6 +196,11 @@ class BilinearContentBias(AttentionPrior):
         self.W_ck = nn.Parameter(torch.empty(cfg.n_heads, cfg.d_model, r, dtype=cfg.dtype))
         nn.init.normal_(self.W_cq, std=cfg.d_model**-0.5)
         nn.init.normal_(self.W_ck, std=cfg.d_model**-0.5)
+
+    @property
+    def token_factors(self) -> bool:
+        """Its factors are per-token (``e_i U_h``, ``e_j V_h``), unless a subclass has factors of its own."""
+        return type(self).factors is BilinearContentBias.factors and type(self)._factors is BilinearContentBias._factors
 
     def factors(self, inputs: PriorInputs) -> tuple[Tensor, Tensor]:
         return self._factors(self.W_cq, self.W_ck, inputs)

@@ -437,3 +437,46 @@ def test_lookup_is_advanced_indexing_in_values_and_gradients_bit_for_bit():
         out.backward(upstream)
         ref.backward(upstream)
         assert torch.equal(table.grad, ref_table.grad)
+
+
+def test_per_token_prior_factors_are_folded_into_the_first_block_table(monkeypatch):
+    """The first block's table holds the gated factors of priors that declare them per-token
+    (``token_factors``; the content prior does), read per head with the queries and keys: the
+    logits equal the batch computation's bit for bit. A prior whose factors depend on position is
+    not folded (its factors are computed on the batch and the logits are still equal); declared
+    per-token all the same, it is folded and the logits change (the declaration is what the fold
+    rests on)."""
+    from circuitfade.model import fused, priors
+
+    class PositionalContent(priors.BilinearContentBias):
+        """The content factors times (1 + position): not a function of the token alone."""
+
+        def factors(self, inputs):
+            a, b = super().factors(inputs)
+            w = torch.arange(1, inputs.token_embed.shape[-2] + 1, dtype=a.dtype)
+            return a * (w if inputs.query_index is None else w[inputs.query_index])[:, None], b * w[:, None]
+
+    class DeclaredPerToken(PositionalContent):
+        token_factors = True  # wrongly
+
+    monkeypatch.setitem(priors.PRIORS, "poscontent", PositionalContent)
+    monkeypatch.setitem(priors.PRIORS, "declared", DeclaredPerToken)
+    task = AssocRecall()
+    batch = task.sample(64, torch.Generator().manual_seed(3))
+    folded = []
+    real = fused.table_qkv
+    monkeypatch.setattr(fused, "table_qkv", lambda *a: (out := real(*a), folded.append(out[3]))[0])
+    table = fused.token_position_table
+
+    def logits(m, with_table: bool):
+        monkeypatch.setattr(fused, "token_position_table", table if with_table else (lambda *a: None))
+        with torch.no_grad():
+            return answer_logits(m, batch).nan_to_num()  # NaN where no answer is scored
+
+    for prior, want_folded, equal in (("content", {"content"}, True), ("poscontent", set(), True),
+                                      ("declared", {"declared"}, False)):
+        m = make_model(seed=2, priors=("pos", prior))
+        folded.clear()
+        on_table = logits(m, True)
+        assert [set(f) for f in folded] == [want_folded], prior
+        assert torch.equal(on_table, logits(m, False)) is equal, prior
