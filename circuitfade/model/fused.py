@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from circuitfade.model.priors import PriorInputs, lookup
+from circuitfade.model.priors import AttentionPrior, PriorInputs, lookup
 
-__all__ = ["ATTENTION_WEIGHTS", "PriorTerm", "causal_mask", "fused_block", "fused_logits", "fused_path_refusal",
-           "member_linear", "module_prior_term", "prior_attention", "rows_attention", "softcap", "table_qkv",
-           "token_position_table"]
+__all__ = ["ATTENTION_WEIGHTS", "PriorTerm", "PriorWeights", "ZeroGradient", "causal_mask", "fused_block",
+           "fused_logits", "fused_path_refusal", "member_linear", "module_prior_term", "module_prior_weights",
+           "prior_attention", "rows_attention", "softcap", "table_qkv", "token_position_table", "zero_gated"]
 
 
 def fused_path_refusal(cfg) -> str | None:
@@ -100,6 +100,56 @@ def module_prior_term(name: str, prior: nn.Module, inputs: PriorInputs) -> tuple
     return prior(inputs) if ab is None else ab
 
 
+PriorWeights = Callable[[str, nn.Module], Sequence[Tensor]]
+"""``(name, prior) ->`` the tensors a prior's term is computed from (its trainable weights)."""
+
+
+def module_prior_weights(name: str, prior: nn.Module) -> list[Tensor]:
+    """A prior module's trainable parameters (:data:`PriorWeights`)."""
+    return [w for w in prior.parameters() if w.requires_grad]
+
+
+def zero_gated(gates: Mapping[str, Tensor]) -> frozenset:
+    """The priors whose gate is exactly zero for every head (and member), read where that costs
+    nothing: a CPU tensor that takes no gradient (a fixed or scheduled gate's buffer, or an
+    override such as ``model.gates(pos=0)``). The fused forward leaves their gated term ``0 · B``
+    out where it would only be added: a bias prior's bias, and a low-rank prior's product in the
+    last block (:func:`rows_attention`); a low-rank prior keeps its zero columns in the other
+    blocks' query-key product, whose columns then do not depend on the gates. The scores are the
+    same values bit for bit (a zero term adds nothing; a prior whose values are not finite no
+    longer turns them into NaN), and the weights left out get the zero gradient autograd would give
+    them (:class:`ZeroGradient`), so an optimizer updates them as before. A learned gate
+    (``sigmoid(logit)``) is never exactly zero and is never left out."""
+    return frozenset(n for n, g in gates.items()
+                     if g.device.type == "cpu" and not g.requires_grad and not bool(g.any()))
+
+
+class ZeroGradient(torch.autograd.Function):
+    """``ZeroGradient.apply(x, *weights)``: ``x`` (a copy), and in the backward ``x``'s gradient
+    passed on and a zero gradient for each of ``weights`` (what ``0 · B(weights)`` would give them,
+    so that an optimizer updates them exactly as when the zero-gated term is computed)."""
+
+    @staticmethod
+    def forward(ctx, x, *weights):
+        ctx.like = [(w.shape, w.dtype, w.device) for w in weights]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad, *(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.like))
+
+
+def _low_rank(prior: nn.Module) -> bool:
+    """Whether ``prior`` may give low-rank factors (its class has a ``factors`` of its own)."""
+    return getattr(type(prior), "factors", None) is not AttentionPrior.factors
+
+
+def _with_zero_gradient(b_O: Tensor, attn: nn.Module, zero: frozenset, prior_weights: PriorWeights) -> Tensor:
+    """``b_O``, carrying the zero gradient of the left-out priors' weights (see :func:`zero_gated`)."""
+    weights = [w for n in zero for w in prior_weights(n, attn.priors[n]) if w.requires_grad]
+    return ZeroGradient.apply(b_O, *weights) if weights and torch.is_grad_enabled() else b_O
+
+
 def _head_gate(g: Float[Tensor, "*members head"]) -> Tensor:
     """A gate ``[head]`` as ``[head, 1, 1]``; ``[E, head]`` as ``[E, 1, head, 1, 1]`` (against ``[.., batch, head, q, k]``)."""
     g = g[..., None, None]
@@ -128,7 +178,7 @@ def _prior_terms(attn: nn.Module, inputs: PriorInputs, gates: Mapping[str, Tenso
 
 
 def table_qkv(attn: nn.Module, table: tuple[Tensor, Tensor], w: Tensor, b: Tensor, W_E: Tensor,
-               gates: Mapping[str, Tensor], prior_term: PriorTerm) -> tuple[Tensor, Tensor, Tensor, frozenset]:
+              gates: Mapping[str, Tensor], prior_term: PriorTerm) -> tuple[Tensor, Tensor, Tensor, frozenset]:
     """The first block's queries (already divided by the attention scale), keys and values
     ``[*E, batch, head, pos, d]``, each looked up per head from a table over the first block's
     input rows (:func:`token_position_table`), with the gated factors of the priors whose factors
@@ -174,6 +224,7 @@ def prior_attention(
     prior_term: PriorTerm = module_prior_term,
     vocab: tuple[Tensor, Tensor] | None = None,
     table: tuple[Tensor, Tensor] | None = None,
+    prior_weights: PriorWeights = module_prior_weights,
 ) -> Float[Tensor, "*members batch pos_or_rows d_model"]:
     """The fused attention with priors (main paper, Eq. 1), per (member,) batch and head::
 
@@ -198,12 +249,13 @@ def prior_attention(
 
     With ``rows`` (query positions), queries, attention and the output are computed only at
     those positions, by :func:`rows_attention` (no key or value is computed). Not for priors that
-    need the scores.
+    need the scores. Priors whose gate is exactly zero are left out where their term would only be
+    added (:func:`zero_gated`; their weights, named by ``prior_weights``, get a zero gradient).
     """
     if rows is not None:
         if table is not None:
             raise ValueError("prior_attention: a table input goes with every query position (rows=None)")
-        return rows_attention(attn, x, token_embed, causal, weights, gates, rows, prior_term, vocab)
+        return rows_attention(attn, x, token_embed, causal, weights, gates, rows, prior_term, vocab, prior_weights)
     H, Dh = attn.cfg.n_heads, attn.cfg.d_head
     scale = attn.attn_scale
     W = weights
@@ -222,7 +274,11 @@ def prior_attention(
         q, k, v = (t.transpose(-3, -2) for t in qkv.unflatten(-1, (3, H, Dh)).unbind(-3))
     scores = (q @ k.transpose(-1, -2)) / scale if needs else None
     inputs = PriorInputs(token_embed, x, scores, tokens=tokens, W_E=W_E)
-    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, None, skip=folded)
+    # zero-gated priors that add a bias are left out; low-rank ones keep their (zero) columns, so the
+    # query-key product has the same columns whatever the gates (and the stacked model's members,
+    # whose gates differ, compute what their single runs compute)
+    zero = frozenset(n for n in zero_gated(gates) if not _low_rank(attn.priors[n]))
+    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, None, skip=folded | zero)
     mask = causal if bias is None else bias + causal  # [*E, batch_or_1, head, q, k]
     if not on_table:
         q = q / scale
@@ -231,7 +287,7 @@ def prior_attention(
     # no row is fully masked (the diagonal is always visible), so a plain softmax is exact
     pattern = torch.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
     z = (pattern @ v).transpose(-3, -2).flatten(-2)  # [*E, batch, pos, head*d_head]
-    return member_linear(z, W["W_O"].flatten(-3, -2), W["b_O"])
+    return member_linear(z, W["W_O"].flatten(-3, -2), _with_zero_gradient(W["b_O"], attn, zero, prior_weights))
 
 
 def _per_head(t: Float[Tensor, "*members batch rows head d"]) -> Float[Tensor, "*members head batch_rows d"]:
@@ -249,6 +305,7 @@ def rows_attention(
     rows: Int[Tensor, "n_rows"],
     prior_term: PriorTerm = module_prior_term,
     vocab: tuple[Tensor, Tensor] | None = None,
+    prior_weights: PriorWeights = module_prior_weights,
 ) -> Float[Tensor, "*members batch rows d_model"]:
     """:func:`prior_attention` at the query positions ``rows`` only (the arguments are its), with
     the key and value products moved onto the few queries (the same function, associated
@@ -274,7 +331,8 @@ def rows_attention(
     q_bK = (q * W["b_K"].view(*members, 1, 1, H, Dh)).sum(-1).transpose(-1, -2)  # [*E, batch, head, rows]
     tokens, W_E = vocab if vocab is not None else (None, None)
     inputs = PriorInputs(token_embed, x, None, query_index=rows, tokens=tokens, W_E=W_E)
-    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, rows)
+    zero = zero_gated(gates)
+    factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, rows, skip=zero)
     scores = scores + q_bK.unsqueeze(-1)
     for a, b in factors:
         scores = scores + a @ b.transpose(-1, -2)
@@ -284,7 +342,7 @@ def rows_attention(
     px = (pattern.flatten(-3, -2) @ x).unflatten(-2, (H, M)).movedim(-3, -2)  # [*E, batch, rows, head, d_model]
     z = _per_head(px) @ W["W_V"] + W["b_V"].unsqueeze(-2)  # [*E, head, batch * rows, d_head]
     z = z.unflatten(-2, (B, M)).movedim(-4, -2).flatten(-2)  # [*E, batch, rows, head * d_head]
-    return member_linear(z, W["W_O"].flatten(-3, -2), W["b_O"])
+    return member_linear(z, W["W_O"].flatten(-3, -2), _with_zero_gradient(W["b_O"], attn, zero, prior_weights))
 
 
 def fused_block(

@@ -155,7 +155,9 @@ class StackedModel:
         weights = {name: self.params[pre + name] for name in ATTENTION_WEIGHTS}
         return prior_attention(attn, x, token_embed, causal, weights, self.gates(layer, zero, override), rows,
                                prior_term=lambda name, prior, inputs: self._prior_term(layer, name, prior, inputs),
-                               vocab=vocab, table=table)
+                               vocab=vocab, table=table,
+                               prior_weights=lambda name, prior: [self.params[f"{pre}priors.{name}.{n}"]
+                                                                  for n, _ in prior.named_parameters()])
 
     def _prior_term(self, layer: int, name: str, prior: nn.Module, inputs: PriorInputs):
         """Prior ``name``'s factors or bias for every member (``[E, ...]``), with the members' weights:

@@ -480,3 +480,65 @@ def test_per_token_prior_factors_are_folded_into_the_first_block_table(monkeypat
         on_table = logits(m, True)
         assert [set(f) for f in folded] == [want_folded], prior
         assert torch.equal(on_table, logits(m, False)) is equal, prior
+
+
+def test_zero_gated_priors_are_left_out_with_the_values_and_gradients_computing_them_gives(monkeypatch):
+    """A prior whose gate is exactly zero (a scheduled buffer, or an override) is left out where
+    its term would only add zeros: a bias prior's bias, and the last block's low-rank product. The
+    logits, the loss and every gradient are those of computing ``0 · B`` bit for bit (a zero term
+    adds nothing; the first block keeps the content prior's zero columns, so its query-key product
+    has the same columns), the left-out weights get a zero gradient (not none: AdamW then decays
+    them as before), and a short fade trains to the same weights, optimizer state and metrics.
+    Learned gates and gates zero on some heads only are never left out."""
+    import math
+
+    from circuitfade.model import fused
+    from circuitfade.train import RunConfig, TrainConfig, fit, new_run
+
+    assert fused.zero_gated({"pos": torch.zeros(4), "content": torch.tensor([0.0, 0.0, 0.0, 1e-30])}) == {"pos"}
+    assert fused.zero_gated({"pos": torch.zeros(4, requires_grad=True)}) == frozenset()
+    real = fused.zero_gated
+    task = AssocRecall()
+    batch = task.sample(64, torch.Generator().manual_seed(3))
+    m = make_model(seed=4, gate_modes={"pos": "scheduled", "content": "scheduled"})
+    calls = {"pos": [], "content": []}
+    last = m.attn_layers[-1]
+    for name, method in (("pos", "forward"), ("content", "factors")):
+        f = getattr(last.priors[name], method)
+        monkeypatch.setattr(last.priors[name], method, lambda inputs, f=f, c=calls[name]: c.append(1) or f(inputs))
+    for gates in ({"pos": 0.0, "content": 0.0}, {"pos": 0.7, "content": 0.0}):
+        m.set_gate_values(**gates)
+        for c in calls.values():
+            c.clear()
+        loss, grads = _loss_and_grads(m, batch, task, fast=True)
+        assert not calls["content"] and bool(calls["pos"]) == (gates["pos"] > 0)  # left out where zero
+        monkeypatch.setattr(fused, "zero_gated", lambda gates: frozenset())
+        ref_loss, ref_grads = _loss_and_grads(m, batch, task, fast=True)
+        monkeypatch.setattr(fused, "zero_gated", real)
+        assert calls["content"] and torch.equal(loss, ref_loss)
+        assert grads.keys() == ref_grads.keys()
+        for n, t in ref_grads.items():
+            assert torch.equal(grads[n], t), n
+            if ".priors.content." in n or (gates["pos"] == 0 and ".priors.pos." in n):
+                assert not t.abs().max() > 0, n
+
+    def trained(left_out: bool, zero_gradient: bool = True):
+        monkeypatch.setattr(fused, "zero_gated", real if left_out else (lambda gates: frozenset()))
+        if not zero_gradient:  # planted: the left-out weights get no gradient at all
+            monkeypatch.setattr(fused.ZeroGradient, "apply", lambda x, *weights: x)
+        cfg = RunConfig(path="fade3+4->0", train=TrainConfig(steps=60, eval_every=20, eval_size=64))  # zero from step 7
+        run = fit(new_run(cfg), progress=False)
+        monkeypatch.undo()
+        state = [t for s in run.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+        return run, {n: p.detach() for n, p in run.model.named_parameters()}, state
+
+    run, params, state = trained(True)
+    ref_run, ref_params, ref_state = trained(False)
+    assert all(torch.equal(params[n], p) for n, p in ref_params.items())
+    assert all(torch.equal(s, r) for s, r in zip(state, ref_state, strict=True))
+    for row, ref in zip(run.metrics, ref_run.metrics, strict=True):
+        assert all(row[k] == v or (math.isnan(v) and math.isnan(row[k])) for k, v in ref.items()), row["step"]
+    # without the zero gradient AdamW would skip the prior's weights after the fade (no decay, no momentum)
+    _, frozen, _ = trained(True, zero_gradient=False)
+    w = "blocks.1.attn.priors.content.W_cq"  # the last block leaves it out
+    assert (frozen[w] - ref_params[w]).abs().max() > 1e-5
