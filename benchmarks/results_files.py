@@ -3,8 +3,11 @@ the markdown the docs include, each with the command line that made it."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def command_line(script: str, argv: list[str] | None) -> str:
@@ -13,14 +16,33 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return f"python benchmarks/{Path(script).name} {' '.join(args)}".strip()
 
 
+def code_version() -> str | None:
+    """The commit of the code measured (short hash; ``+`` where tracked files differ from it), or
+    ``None`` outside a git checkout."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return None
+    return head + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def machine_line(result: dict) -> str:
-    """The markdown line naming the machine a result was measured on (``result["machine"]``)."""
+    """The markdown line naming the machine a result was measured on (``result["machine"]``) and the
+    code measured (``result["code"]``, where recorded)."""
     m = result.get("machine")
+    code = f" Code: `{result['code']}`." if result.get("code") else ""
     if not m:
-        return "Machine: not recorded (measured before the benchmarks recorded it); figures on another machine differ."
+        return ("Machine: not recorded (measured before the benchmarks recorded it); figures on another machine "
+                f"differ.{code}")
     gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
     return (f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['blas']}, {m['cpu_capability']} kernels)"
-            f"{gpu}. Figures on another machine differ: rerun the command there.")
+            f"{gpu}.{code} Figures on another machine differ: rerun the command there.")
 
 
 def with_machine_line(markdown: str, result: dict) -> str:
@@ -30,12 +52,12 @@ def with_machine_line(markdown: str, result: dict) -> str:
 
 def write_outputs(out: str | Path, result: dict, markdown: str) -> None:
     """``out`` (JSON) and the markdown beside it (same name, ``.md``), atomically. The JSON records the
-    machine (:func:`circuitfade.model.devices.machine`) unless the result names one; the markdown ends with
-    :func:`machine_line`."""
+    machine (:func:`circuitfade.model.devices.machine`) and the code (:func:`code_version`) unless the
+    result names them; the markdown ends with :func:`machine_line`."""
     from circuitfade.io import write_json, write_text
     from circuitfade.model.devices import machine
 
-    result = {**result, "machine": result.get("machine") or machine()}
+    result = {**result, "machine": result.get("machine") or machine(), "code": result.get("code") or code_version()}
     markdown = with_machine_line(markdown, result)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
