@@ -119,7 +119,10 @@ def zero_gated(gates: Mapping[str, Tensor]) -> frozenset:
     same values bit for bit (a zero term adds nothing; a prior whose values are not finite no
     longer turns them into NaN), and the weights left out get the zero gradient autograd would give
     them (:class:`ZeroGradient`), so an optimizer updates them as before. A learned gate
-    (``sigmoid(logit)``) is never exactly zero and is never left out."""
+    (``sigmoid(logit)``) is never exactly zero and is never left out. Under ``torch.compile`` none
+    is (reading a gate would break the graph)."""
+    if torch.compiler.is_compiling():
+        return frozenset()
     return frozenset(n for n, g in gates.items()
                      if g.device.type == "cpu" and not g.requires_grad and not bool(g.any()))
 
