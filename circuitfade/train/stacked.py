@@ -156,17 +156,21 @@ class StackedModel:
         return prior_attention(attn, x, token_embed, causal, weights, self.gates(layer, zero, override), rows,
                                prior_term=lambda name, prior, inputs: self._prior_term(layer, name, prior, inputs),
                                vocab=vocab, table=table,
-                               prior_weights=lambda name, prior: [self.params[f"{pre}priors.{name}.{n}"]
-                                                                  for n, _ in prior.named_parameters()])
+                               prior_weights=lambda name, prior: list(self._prior_params(layer, name, prior).values()))
+
+    def _prior_params(self, layer: int, name: str, prior: nn.Module) -> dict[str, Tensor]:
+        """Prior ``name`` of block ``layer``: its parameters stacked ``[E, *shape]``, by the prior's own names."""
+        ppre = f"blocks.{layer}.attn.priors.{name}."
+        return {n: self.params[ppre + n] for n, _ in prior.named_parameters()}
 
     def _prior_term(self, layer: int, name: str, prior: nn.Module, inputs: PriorInputs):
         """Prior ``name``'s factors or bias for every member (``[E, ...]``), with the members' weights:
         the prior's own :meth:`~circuitfade.model.priors.AttentionPrior.member_term` where it has
         one, else the prior called once per member."""
-        ppre = f"blocks.{layer}.attn.priors.{name}."
-        term = prior.member_term(inputs, {n: self.params[ppre + n] for n, _ in prior.named_parameters()})
+        term = prior.member_term(inputs, self._prior_params(layer, name, prior))
         if term is not None:
             return term
+        ppre = f"blocks.{layer}.attn.priors.{name}."
         ab = self._member_prior(prior, ppre, inputs, factors=True)
         return ab if ab is not None else self._member_prior(prior, ppre, inputs, factors=False)
 
