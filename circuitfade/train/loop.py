@@ -67,7 +67,7 @@ from circuitfade.train.checkpoints import (
 from circuitfade.train.config import RunConfig, TrainingDiverged, is_checkpoint_step
 from circuitfade.train.lock import run_lock
 from circuitfade.train.rundir import RunDir
-from circuitfade.train.optim import clip_grad_norm
+from circuitfade.train.optim import OptimizerCalls, clip_grad_norm
 from circuitfade.train.state import Run, new_run, one_thread
 
 __all__ = ["train", "fit", "branch", "branch_config", "row_at_step", "training_forward", "Sampler", "Logger"]
@@ -214,7 +214,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
         task_loss = loss
         if hooks:
             loss = hooks.on_loss(run, batch, loss)
-        run.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         loss.backward()
         if t0 is not None:
             first_compiled = False
@@ -226,7 +226,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
             raise diverged
         if hooks:
             hooks.before_update(run, norm)
-        run.optimizer.step()
+        optimizer.step()
         run.step += 1
         if hooks:
             hooks.after_update(run)
@@ -244,6 +244,7 @@ def fit(run: Run, until: int | None = None, *, run_dir: Path | None = None, task
                 kind + "0": f"{last.get(kind + '_zero', math.nan):.3f}"}
 
     params = clip_list(run.optimizer)
+    optimizer = OptimizerCalls(run.optimizer, params)  # its zero_grad and step, bit for bit
     gate_now = None  # the gate buffers' value as last set here (None: set them at the first step)
     first_compiled = forward is not model  # time the first compiled step (it compiles the graphs)
     loss_value = math.nan

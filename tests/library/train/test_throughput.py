@@ -341,6 +341,90 @@ def test_clip_grad_norm_is_torchs_bit_for_bit():
         assert (total <= 1.0 + 1e-5) if scale == 10.0 else (total < 1.0 and float(ours) == pytest.approx(total))
 
 
+def _optimizer_pair(seed=0, **kw):
+    g = torch.Generator().manual_seed(seed)
+    a = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in ((3, 5), (7,), (2, 2, 4), (4,))]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    return a, b, torch.optim.AdamW(a, lr=1e-2, fused=True, **kw), torch.optim.AdamW(b, lr=1e-2, fused=True, **kw)
+
+
+def test_the_trainers_optimizer_calls_are_torchs_adamw_step_bit_for_bit():
+    """OptimizerCalls.step calls the fused kernel itself where it can and leaves every parameter and
+    every state tensor as AdamW.step does: over steps where the last parameter has no gradient (no
+    state: torch's own step creates it), then has one, with the learning rate and weight decay
+    changed between steps; zero_grad sets every gradient to None. A planted wrong step count (the
+    kernel called without adding 1) shows up."""
+    from circuitfade.train.optim import OptimizerCalls
+
+    g = torch.Generator().manual_seed(1)
+    a, b, opt_a, opt_b = _optimizer_pair()
+    calls = OptimizerCalls(opt_a, a)
+    for step in range(8):
+        for pa, pb in zip(a, b):
+            if pa is a[-1] and step < 3:
+                continue  # no gradient: skipped by both, its state created at step 3
+            pa.grad = torch.randn(pa.shape, generator=g)
+            pb.grad = pa.grad.clone()
+        if step == 5:
+            for opt in (opt_a, opt_b):
+                opt.param_groups[0].update(lr=3e-3, weight_decay=0.1)
+        calls.step()
+        opt_b.step()
+        assert all(torch.equal(pa, pb) for pa, pb in zip(a, b))
+        for pa, pb in zip(a, b):
+            sa, sb = opt_a.state.get(pa, {}), opt_b.state.get(pb, {})
+            assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+        calls.zero_grad()
+        opt_b.zero_grad(set_to_none=True)
+        assert all(p.grad is None for p in a)
+    assert calls.direct_steps == 6  # steps 0 and 3 created state through torch's own step
+    assert opt_a.state_dict()["param_groups"] == opt_b.state_dict()["param_groups"]
+
+    a, b, opt_a, opt_b = _optimizer_pair()
+    for params, opt in ((a, opt_a), (b, opt_b)):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()
+    planted = OptimizerCalls(opt_a, a)
+    planted._kernel_args = lambda: (lambda r: (*r[:-1], [torch.zeros_like(s) for s in r[-1]]))(
+        OptimizerCalls._kernel_args(planted))  # step counts not advanced
+    planted.step()
+    opt_b.step()
+    assert not all(torch.equal(pa, pb) for pa, pb in zip(a, b))
+
+
+def test_the_trainers_optimizer_calls_leave_other_optimizers_and_hooked_steps_to_torch():
+    """Anything the direct call does not cover goes through the optimizer's own step: an optimizer
+    other than AdamW, AMSGrad, a step pre-hook (which must run); with the same results as torch."""
+    from circuitfade.train.optim import OptimizerCalls
+
+    a, b, opt_a, opt_b = _optimizer_pair(amsgrad=True)
+    seen = []
+    for params, opt in ((a, opt_a), (b, opt_b)):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()  # state exists: only the settings keep the direct call out
+    calls = OptimizerCalls(opt_a, a)
+    calls.step()
+    opt_b.step()
+    assert calls.direct_steps == 0 and all(torch.equal(pa, pb) for pa, pb in zip(a, b))
+    a, _, opt_a, _ = _optimizer_pair()
+    for p in a:
+        p.grad = torch.ones_like(p)
+    opt_a.step()
+    opt_a.register_step_pre_hook(lambda opt, args, kwargs: seen.append(1))
+    calls = OptimizerCalls(opt_a, a)
+    calls.step()
+    assert seen == [1] and calls.direct_steps == 0
+    sgd = torch.optim.SGD(a, lr=0.1)
+    calls = OptimizerCalls(sgd, a)
+    before = [p.detach().clone() for p in a]
+    calls.step()
+    calls.zero_grad()
+    assert calls.direct_steps == 0 and not any(torch.equal(p, q) for p, q in zip(a, before))
+    assert all(p.grad is None for p in a)
+
+
 def test_gate_buffers_follow_the_schedule_when_unchanged_values_are_not_rewritten():
     """Gates are rewritten only when the scheduled value changes; the buffers still hold the
     path's value at every step (planted: fade4+3->0 is 0.5 to step 4, then 1/3, 1/6, 0)."""
