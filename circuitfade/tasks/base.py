@@ -131,10 +131,13 @@ class Batch:
                 f"Batch.targets: expected a real token (!= {IGNORE_INDEX}) exactly at answer_mask "
                 f"positions and {IGNORE_INDEX} elsewhere"
             )
-        at = self.answer_sources.nonzero()  # [n, 3]: (example, answer row i, key j); a few per example
-        if not bool(mask[at[:, 0], at[:, 1]].all()):
+        # the sources' rows at the answer positions hold every True entry (counted: cheaper than
+        # listing the few entries of a [batch, pos, pos] tensor), and none of them lies after its row
+        where = mask.nonzero()  # [n, 2]: (example, answer row i)
+        on_rows = self.answer_sources[where[:, 0], where[:, 1]]  # [n, pos]
+        if int(torch.count_nonzero(on_rows)) != int(torch.count_nonzero(self.answer_sources)):
             raise ValueError("Batch.answer_sources: expected all-False rows at non-answer positions")
-        if bool((at[:, 2] > at[:, 1]).any()):
+        if bool((on_rows & (torch.arange(p, device=tok.device) > where[:, 1:])).any()):
             raise ValueError("Batch.answer_sources: expected only key positions j <= i (causal)")
 
     # ------------------------------------------------------------------ basics
