@@ -181,7 +181,8 @@ def _prior_terms(attn: nn.Module, inputs: PriorInputs, gates: Mapping[str, Tenso
 
 
 def table_qkv(attn: nn.Module, table: tuple[Tensor, Tensor], w: Tensor, b: Tensor, W_E: Tensor,
-              gates: Mapping[str, Tensor], prior_term: PriorTerm) -> tuple[Tensor, Tensor, Tensor, frozenset]:
+              gates: Mapping[str, Tensor], prior_term: PriorTerm,
+              zero: frozenset = frozenset()) -> tuple[Tensor, Tensor, Tensor, frozenset, frozenset]:
     """The first block's queries (already divided by the attention scale), keys and values
     ``[*E, batch, head, pos, d]``, each looked up per head from a table over the first block's
     input rows (:func:`token_position_table`), with the gated factors of the priors whose factors
@@ -189,7 +190,12 @@ def table_qkv(attn: nn.Module, table: tuple[Tensor, Tensor], w: Tensor, b: Tenso
     per vocabulary entry and stored beside the queries and keys as extra columns; and the names of
     those priors. The values equal the batch computation's (each entry is the same elementwise
     operation on the same product); the lookups return each head's rows contiguously, so nothing
-    is concatenated or copied at batch size."""
+    is concatenated or copied at batch size. A folded prior named in ``zero`` (its gate exactly zero,
+    :func:`zero_gated`) that declares its :attr:`~circuitfade.model.priors.AttentionPrior.factor_width`
+    gets zero columns on both sides instead of its computed factors: each product it adds to a
+    score is then ``0 · 0`` instead of ``0 · b``, zero either way, so the scores are the same bit
+    for bit and nothing of the prior is computed. Returns the names of the folded priors and of
+    those filled with zeros (whose weights then need the zero gradient, :class:`ZeroGradient`)."""
     H, Dh = attn.cfg.n_heads, attn.cfg.d_head
     x_table, index = table
     R, V = x_table.shape[-2], W_E.shape[-2]
@@ -198,14 +204,19 @@ def table_qkv(attn: nn.Module, table: tuple[Tensor, Tensor], w: Tensor, b: Tenso
     qs, ks = [q / attn.attn_scale], [k]
     e = W_E.unsqueeze(-3)  # the vocabulary as one example of V positions: [*E, 1, V, d_model]
     rows_of = PriorInputs(e, e, None)
-    folded = []
+    folded, filled = [], []
     for name, prior in attn.priors.items():
         if not getattr(prior, "token_factors", False):
             continue
-        a, bk = prior_term(name, prior, rows_of)  # [*E, 1, head, V, r]
-        a, bk = (a * _head_gate(gates[name].to(q.dtype))).squeeze(-4), bk.squeeze(-4)  # [*E, head, V, r]
-        if R != V:  # a (token, position) table: row t * n + p has token t
-            a, bk = a.repeat_interleave(R // V, -2), bk.repeat_interleave(R // V, -2)
+        width = getattr(prior, "factor_width", None)
+        if name in zero and width is not None:
+            a = bk = q.new_zeros(*q.shape[:-1], width)  # [*E, head, R, r]: 0 · b adds what 0 · 0 adds
+            filled.append(name)
+        else:
+            a, bk = prior_term(name, prior, rows_of)  # [*E, 1, head, V, r]
+            a, bk = (a * _head_gate(gates[name].to(q.dtype))).squeeze(-4), bk.squeeze(-4)  # [*E, head, V, r]
+            if R != V:  # a (token, position) table: row t * n + p has token t
+                a, bk = a.repeat_interleave(R // V, -2), bk.repeat_interleave(R // V, -2)
         qs.append(a)
         ks.append(bk)
         folded.append(name)
@@ -213,7 +224,7 @@ def table_qkv(attn: nn.Module, table: tuple[Tensor, Tensor], w: Tensor, b: Tenso
     idx = index.unsqueeze(-2) + (torch.arange(H, device=index.device) * R).unsqueeze(-1)  # [*E, batch, head, pos]
     q = lookup((torch.cat(qs, -1) if len(qs) > 1 else qs[0]).flatten(-3, -2), idx)
     k = lookup((torch.cat(ks, -1) if len(ks) > 1 else ks[0]).flatten(-3, -2), idx)
-    return q, k, lookup(v.flatten(-3, -2), idx), frozenset(folded)
+    return q, k, lookup(v.flatten(-3, -2), idx), frozenset(folded), frozenset(filled)
 
 
 def prior_attention(
@@ -266,10 +277,11 @@ def prior_attention(
     b = torch.stack([W["b_Q"], W["b_K"], W["b_V"]], -3).flatten(-3)
     tokens, W_E = vocab if vocab is not None else (None, None)
     needs = any(p.needs_scores for p in attn.priors.values())
-    folded, on_table = frozenset(), table is not None and W_E is not None and not needs
+    gated_out = zero_gated(gates)
+    folded, filled, on_table = frozenset(), frozenset(), table is not None and W_E is not None and not needs
     if on_table:
         # the first block of token inputs: q (scaled), k with the per-token factors, v, per head
-        q, k, v, folded = table_qkv(attn, table, w, b, W_E, gates, prior_term)
+        q, k, v, folded, filled = table_qkv(attn, table, w, b, W_E, gates, prior_term, gated_out)
     else:
         # q, k, v [*E, batch, head, pos, d_head] each (unbind on the q/k/v axis: the backward stacks
         # the three gradients straight into the product's layout)
@@ -279,8 +291,8 @@ def prior_attention(
     inputs = PriorInputs(token_embed, x, scores, tokens=tokens, W_E=W_E)
     # zero-gated priors that add a bias are left out; low-rank ones keep their (zero) columns, so the
     # query-key product has the same columns whatever the gates (and the stacked model's members,
-    # whose gates differ, compute what their single runs compute)
-    zero = frozenset(n for n in zero_gated(gates) if not _low_rank(attn.priors[n]))
+    # whose gates differ, compute what their single runs compute); the table's are filled with zeros
+    zero = frozenset(n for n in gated_out if not _low_rank(attn.priors[n])) | filled
     factors, bias = _prior_terms(attn, inputs, gates, prior_term, q.dtype, None, skip=folded | zero)
     mask = causal if bias is None else bias + causal  # [*E, batch_or_1, head, q, k]
     if not on_table:

@@ -108,6 +108,10 @@ class AttentionPrior(nn.Module):
     embedding alone (not of its position, the residual stream or other positions): the fused
     path may then compute the factors once per vocabulary entry (on ``token_embed = W_E`` as one
     example of ``d_vocab`` positions, ``resid`` the same tensor, no ``tokens``) and look them up."""
+    factor_width: int | None = None
+    """The number of columns of each of :meth:`factors`' ``(a, b)`` (the rank of ``B = a b^T``), where
+    the prior has per-token factors and knows it without computing them: the fused path then
+    fills a prior whose gate is exactly zero with zero columns instead of computing its factors."""
 
     def __init__(self, cfg, layer: int):
         super().__init__()
@@ -201,6 +205,11 @@ class BilinearContentBias(AttentionPrior):
     def token_factors(self) -> bool:
         """Its factors are per-token (``e_i U_h``, ``e_j V_h``), unless a subclass has factors of its own."""
         return type(self).factors is BilinearContentBias.factors and type(self)._factors is BilinearContentBias._factors
+
+    @property
+    def factor_width(self) -> int | None:
+        """``r`` (``cfg.content_rank``) where its factors are its own (:attr:`token_factors`)."""
+        return self.W_cq.shape[-1] if self.token_factors else None
 
     def factors(self, inputs: PriorInputs) -> tuple[Tensor, Tensor]:
         return self._factors(self.W_cq, self.W_ck, inputs)

@@ -570,8 +570,8 @@ def test_zero_gated_priors_are_left_out_with_the_values_and_gradients_computing_
     """A prior whose gate is exactly zero (a scheduled buffer, or an override) is left out where
     its term would only add zeros: a bias prior's bias, and the last block's low-rank product. The
     logits, the loss and every gradient are those of computing ``0 · B`` bit for bit (a zero term
-    adds nothing; the first block keeps the content prior's zero columns, so its query-key product
-    has the same columns), the left-out weights get a zero gradient (not none: AdamW then decays
+    adds nothing; the first block keeps zero columns for the content prior, filled with zeros instead
+    of computed, so its query-key product has the same columns), the left-out weights get a zero gradient (not none: AdamW then decays
     them as before), and a short fade trains to the same weights, optimizer state and metrics.
     Learned gates and gates zero on some heads only are never left out."""
     import math
@@ -585,21 +585,23 @@ def test_zero_gated_priors_are_left_out_with_the_values_and_gradients_computing_
     task = AssocRecall()
     batch = task.sample(64, torch.Generator().manual_seed(3))
     m = make_model(seed=4, gate_modes={"pos": "scheduled", "content": "scheduled"})
-    calls = {"pos": [], "content": []}
-    last = m.attn_layers[-1]
-    for name, method in (("pos", "forward"), ("content", "factors")):
-        f = getattr(last.priors[name], method)
-        monkeypatch.setattr(last.priors[name], method, lambda inputs, f=f, c=calls[name]: c.append(1) or f(inputs))
+    calls = {"pos": [], "content": [], "first content": []}
+    last, first = m.attn_layers[-1], m.attn_layers[0]
+    for name, prior, method in (("pos", last.priors["pos"], "forward"), ("content", last.priors["content"], "factors"),
+                                ("first content", first.priors["content"], "_factors")):
+        f = getattr(prior, method)
+        monkeypatch.setattr(prior, method, lambda *a, f=f, c=calls[name]: c.append(1) or f(*a))
     for gates in ({"pos": 0.0, "content": 0.0}, {"pos": 0.7, "content": 0.0}):
         m.set_gate_values(**gates)
         for c in calls.values():
             c.clear()
         loss, grads = _loss_and_grads(m, batch, task, fast=True)
-        assert not calls["content"] and bool(calls["pos"]) == (gates["pos"] > 0)  # left out where zero
+        # left out where zero (the first block's table gets zero columns for the content prior)
+        assert not calls["content"] and not calls["first content"] and bool(calls["pos"]) == (gates["pos"] > 0)
         monkeypatch.setattr(fused, "zero_gated", lambda gates: frozenset())
         ref_loss, ref_grads = _loss_and_grads(m, batch, task, fast=True)
         monkeypatch.setattr(fused, "zero_gated", real)
-        assert calls["content"] and torch.equal(loss, ref_loss)
+        assert calls["content"] and calls["first content"] and torch.equal(loss, ref_loss)
         assert grads.keys() == ref_grads.keys()
         for n, t in ref_grads.items():
             assert torch.equal(grads[n], t), n
@@ -624,5 +626,5 @@ def test_zero_gated_priors_are_left_out_with_the_values_and_gradients_computing_
         assert all(row[k] == v or (math.isnan(v) and math.isnan(row[k])) for k, v in ref.items()), row["step"]
     # without the zero gradient AdamW would skip the prior's weights after the fade (no decay, no momentum)
     _, frozen, _ = trained(True, zero_gradient=False)
-    w = "blocks.1.attn.priors.content.W_cq"  # the last block leaves it out
-    assert (frozen[w] - ref_params[w]).abs().max() > 1e-5
+    for w in ("blocks.1.attn.priors.content.W_cq", "blocks.0.attn.priors.content.W_cq"):  # both left out
+        assert (frozen[w] - ref_params[w]).abs().max() > 1e-5, w
