@@ -1,5 +1,3 @@
-import sys
+from circuitfade.cli import run
 
-from circuitfade.cli import main
-
-sys.exit(main())
+run()

@@ -65,3 +65,22 @@ def test_demo_shows_progress_for_both_runs(tmp_path, capfd):
     err = capfd.readouterr().err.strip()
     assert err.startswith("circuitfade demo: error: ") and "not written by the demo" in err and "--summary" in err
     assert len(err.splitlines()) == 1 and mine.read_text() == "my notes\n"
+
+
+def test_the_program_exits_with_mains_code_and_leaves_its_objects_to_the_exit(monkeypatch):
+    """``run`` (``python -m circuitfade``, the ``circuitfade`` script) exits with ``main``'s code, after
+    freezing the garbage collector's objects (so the interpreter's exit does not search them for
+    cycles); a code of 0 and a failing one both pass through."""
+    import gc
+
+    import circuitfade.cli as cli
+
+    for code in (0, 2):
+        monkeypatch.setattr(cli, "main", lambda code=code: code)
+        gc.unfreeze()
+        try:
+            with pytest.raises(SystemExit) as e:
+                cli.run()
+            assert e.value.code == code and gc.get_freeze_count() > 0
+        finally:
+            gc.unfreeze()  # this test process goes on collecting
