@@ -84,3 +84,27 @@ def test_the_program_exits_with_mains_code_and_leaves_its_objects_to_the_exit(mo
             assert e.value.code == code and gc.get_freeze_count() > 0
         finally:
             gc.unfreeze()  # this test process goes on collecting
+
+
+def test_the_training_commands_import_with_the_collector_paused(tmp_path, monkeypatch):
+    """``import_collector_paused`` imports with the garbage collector off and leaves it as it found it
+    (on stays on, off stays off); the training commands import the trainer that way."""
+    import gc
+    import sys
+
+    import circuitfade.cli as cli
+
+    (tmp_path / "planted_import.py").write_text("import gc\nCOLLECTING = gc.isenabled()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for enabled in (True, False):
+        sys.modules.pop("planted_import", None)
+        (gc.enable if enabled else gc.disable)()
+        try:
+            assert cli.import_collector_paused("planted_import").COLLECTING is False
+            assert gc.isenabled() is enabled
+        finally:
+            gc.enable()
+    seen = []
+    monkeypatch.setattr(cli, "import_collector_paused", seen.append)
+    monkeypatch.setattr(cli, "cmd_train", lambda ns: 0)
+    assert cli.main(["train", "--steps", "2"]) == 0 and seen == ["circuitfade.train"]
