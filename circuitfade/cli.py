@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 # the boundary every subcommand shares (light: nothing heavy is imported)
 from circuitfade.commands.boundary import (
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     return guarded(f"circuitfade {ns.command}", command, ns, flags=ns.flags)  # train, demo, local-series: they resume
 
 
-def run() -> None:
+def run() -> NoReturn:
     """The ``circuitfade`` program (``python -m circuitfade``, the ``circuitfade`` script): :func:`main`
     on ``sys.argv``, then exit with its code. Before exiting it moves the objects left to the
     garbage collector's permanent generation (``gc.freeze()``), so the interpreter's exit does not

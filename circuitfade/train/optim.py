@@ -27,7 +27,6 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return total
 
 
-
 class OptimizerCalls:
     """``optimizer.zero_grad(set_to_none=True)`` and ``optimizer.step()`` of the training loop, bit
     for bit, without torch's per-call overhead where it can be skipped.
@@ -39,8 +38,9 @@ class OptimizerCalls:
     profiler ranges each time, about 0.25 ms of a 10 ms step on one CPU thread. :meth:`zero_grad`
     sets the gradients of ``params`` (the optimizer's parameters) to ``None`` without torch's
     profiler range (about 0.13 ms). A step torch's own code must take (a parameter without optimizer
-    state yet, which ``AdamW.step`` creates; a tensor learning rate or betas; step hooks; sparse
-    gradients) and any other optimizer go to the optimizer's own methods. The parameter group's
+    state yet, which ``AdamW.step`` creates; a tensor learning rate or betas; step hooks; a gradient
+    scaler's ``grad_scale``; sparse gradients) and any other optimizer go to the optimizer's own
+    methods. The parameter group's
     settings are read at every step (a branch or a callback may change them).
     """
 
@@ -61,8 +61,8 @@ class OptimizerCalls:
     def _kernel_args(self) -> tuple | None:
         """The parameter group and the kernel's tensor lists, or ``None`` where torch's own ``step`` must run."""
         opt = self.optimizer
-        if not self._direct or len(opt.param_groups) != 1 or opt._optimizer_step_pre_hooks \
-                or opt._optimizer_step_post_hooks or _global_step_hooks():
+        if not self._direct or len(opt.param_groups) != 1 or _step_hooks(opt) \
+                or getattr(opt, "grad_scale", None) is not None or getattr(opt, "found_inf", None) is not None:
             return None
         g = opt.param_groups[0]
         if (not g.get("fused") or not g.get("decoupled_weight_decay") or g.get("amsgrad") or g.get("maximize")
@@ -91,7 +91,10 @@ class OptimizerCalls:
         self.direct_steps += 1
 
 
-def _global_step_hooks() -> bool:
-    """Whether any optimizer step hook is registered for every optimizer."""
-    return bool(getattr(torch_optimizer, "_global_optimizer_pre_hooks", None)
-                or getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
+def _step_hooks(opt: torch.optim.Optimizer) -> bool:
+    """Whether a step hook may be registered for ``opt`` (its own or every optimizer's); ``True`` where
+    this torch keeps them elsewhere than where this reads them."""
+    where = [getattr(opt, "_optimizer_step_pre_hooks", None), getattr(opt, "_optimizer_step_post_hooks", None),
+             getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+             getattr(torch_optimizer, "_global_optimizer_post_hooks", None)]
+    return any(hooks is None or len(hooks) > 0 for hooks in where)
