@@ -82,7 +82,7 @@ from circuitfade.train.state import Run, new_run, one_thread
 __all__ = ["DEFAULT_MEMBERS", "default_ensemble_size", "ensemble_key", "ensemble_refusal", "fit_ensemble",
            "train_ensemble", "MemberStatus", "MemberOutcome", "Ensemble"]
 
-DEFAULT_MEMBERS = {"cpu": 16}
+DEFAULT_MEMBERS = {"cpu": 4}
 """Most members per ensemble by device type, from ``benchmarks/ensemble.py`` (the smallest E within 5%
 of the most runs per hour, one thread; ``results/benchmarks/ensemble.json`` holds the measurement and
 names its machine); devices not measured use the CPU figure. A sweep on the CPU does not use it: it
